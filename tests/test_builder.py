@@ -1,0 +1,109 @@
+"""The exported decoder graph against transformers on the same (tiny, random) weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from edge.export.pipeline import export_model
+from edge.model import MASKED, Decoder
+from edge.package import load_package
+from tiny_models import max_rel_error, reference_logits, tiny_llama
+
+pytest.importorskip("transformers")
+
+
+def make_decoder(tmp_path, imported, quant="fp32", context=64, tree=True, name="pkg") -> Decoder:
+    export_model("tiny", tmp_path / name, quant=quant, model=imported, tree_attention=tree)
+    return Decoder(load_package(tmp_path / name), context_length=context, threads=1)
+
+
+@pytest.mark.parametrize("variant", [dict(), dict(qkv_bias=True), dict(tie=False)], ids=["llama", "qwen2", "untied"])
+def test_fp32_logits_match_transformers_over_prompt_and_decode_steps(tmp_path, variant):
+    model, imported = tiny_llama(**variant)
+    decoder = make_decoder(tmp_path, imported)
+    ids = [int(t) for t in np.random.default_rng(1).integers(0, 96, 24)]
+    ref = reference_logits(model, ids)
+    prompt = decoder.step(ids[:16], logits_rows=list(range(16))).copy()
+    assert max_rel_error(prompt, ref[:16]) < 1e-4
+    for t in range(16, 24):
+        assert max_rel_error(decoder.step([ids[t]])[0], ref[t]) < 1e-4
+
+
+def test_cached_decoding_equals_recomputing_without_cache(tmp_path):
+    _, imported = tiny_llama(seed=3)
+    decoder = make_decoder(tmp_path, imported)
+    ids = [int(t) for t in np.random.default_rng(2).integers(0, 96, 20)]
+    cached = [decoder.prefill(ids[:5]).copy()] + [decoder.step([t])[0].copy() for t in ids[5:]]
+    for n in range(5, 21):
+        decoder.reset()
+        full = decoder.step(ids[:n])[0]
+        np.testing.assert_allclose(cached[n - 5], full, rtol=0, atol=1e-4 * np.abs(full).max())
+
+
+def test_chunked_prefill_equals_one_shot(tmp_path):
+    _, imported = tiny_llama(seed=4)
+    decoder = make_decoder(tmp_path, imported)
+    ids = list(range(3, 40))
+    one = decoder.prefill(ids).copy()
+    decoder.reset()
+    np.testing.assert_allclose(decoder.prefill(ids, chunk=7), one, atol=1e-4 * np.abs(one).max())
+
+
+def test_tree_step_equals_each_branch_decoded_alone(tmp_path):
+    """A flattened two-branch tree verified in one call gives each node the logits of its own path."""
+    model, imported = tiny_llama(seed=5)
+    decoder = make_decoder(tmp_path, imported)
+    prompt = [5, 17, 33, 2, 60]
+    decoder.prefill(prompt)
+    past = decoder.cache.length
+    # nodes: 0=a (root), 1=b (child of a), 2=c (child of a), 3=d (child of c)
+    tokens, parents = [11, 22, 33, 44], [-1, 0, 0, 2]
+    depth = [0, 1, 1, 2]
+    bias = np.full((1, 1, 4, past + 4), MASKED, np.float32)
+    bias[..., :past] = 0
+    for i in range(4):
+        j = i
+        while j >= 0:
+            bias[0, 0, i, past + j] = 0
+            j = parents[j]
+    logits = decoder.step(tokens, positions=[past + d for d in depth], logits_rows=[0, 1, 2, 3],
+                          attention_bias=bias).copy()
+    paths = {0: [11], 1: [11, 22], 2: [11, 33], 3: [11, 33, 44]}
+    for node, path in paths.items():
+        ref = reference_logits(model, prompt + path)[-1]
+        assert max_rel_error(logits[node], ref) < 1e-4, node
+
+
+def test_int4_graph_matches_dequantized_weights(tmp_path):
+    """MatMulNBits (accuracy level 4 quantizes activations to int8) stays close to the dequantized float model."""
+    import torch
+
+    from edge.export.quant.rtn import quantize_rtn
+
+    model, imported = tiny_llama(seed=6)
+    decoder = make_decoder(tmp_path, imported, quant="int4")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:  # every linear layer and the tied embedding, as the exporter quantizes them
+                w = p.detach().numpy()
+                p.copy_(torch.from_numpy(quantize_rtn(w, bits=4, block_size=32).dequantize()))
+    ids = [int(t) for t in np.random.default_rng(3).integers(0, 96, 12)]
+    ours = decoder.step(ids, logits_rows=list(range(12)))
+    assert max_rel_error(ours, reference_logits(model, ids)) < 2e-2
+
+
+def test_graph_interface_and_external_data(tmp_path):
+    _, imported = tiny_llama()
+    export_model("tiny", tmp_path / "pkg", quant="int4", model=imported)
+    graph = onnx.load(str(tmp_path / "pkg" / "model.onnx"), load_external_data=False)
+    inputs = [i.name for i in graph.graph.input]
+    assert inputs[:6] == ["input_ids", "position_ids", "seqlens_k", "total_sequence_length", "logits_index",
+                          "attention_bias"]
+    assert {n.op_type for n in graph.graph.node} >= {"GroupQueryAttention", "MatMulNBits", "GatherBlockQuantized",
+                                                      "SkipSimplifiedLayerNormalization"}
+    external = [t for t in graph.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert external and all(e.value == "model.onnx.data" for t in external for e in t.external_data
+                            if e.key == "location")
+    assert graph.ir_version <= 10

@@ -1,0 +1,64 @@
+"""edge-export and edge-run as a user calls them: output on success, one clear line and exit code 2 on bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge.apps import export as export_cli
+from edge.apps import run as run_cli
+from edge.export.pipeline import export_model
+from tiny_models import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    model, imported = tiny_llama(seed=9, initializer_range=0.3)
+    folder = tmp_path_factory.mktemp("hf") / "tiny-llama"
+    model.save_pretrained(folder)
+    (folder / "tokenizer.json").write_text(imported.tokenizer_json)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory):
+    _, imported = tiny_llama(seed=9, initializer_range=0.3)
+    return export_model("tiny", tmp_path_factory.mktemp("pkg") / "tiny", quant="fp32", model=imported)
+
+
+def test_export_a_hugging_face_folder(hf_folder, tmp_path, capsys):
+    assert export_cli.main([str(hf_folder), "-o", str(tmp_path / "out"), "--quant", "int4"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert (tmp_path / "out" / "manifest.json").exists()
+    assert export_cli.main([str(hf_folder), "-o", str(tmp_path / "out")]) == 2  # exists, no --force
+    assert "--force" in capsys.readouterr().err
+
+
+def test_export_of_a_foreign_file_fails_cleanly(tmp_path, capsys):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a model")
+    assert export_cli.main([str(bad), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("edge-export: error:") and "notes.txt" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_streams_text_and_stats(package, capsys):
+    assert run_cli.main([str(package / "model.onnx"), "t1 t2 t3", "--raw", "-n", "6", "--stats", "--context", "64"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.split()) == 6 and all(w.startswith("t") for w in out.split())
+    assert "generated 6 tokens" in err and "peak RSS" in err
+
+
+def test_run_reports_bad_input_without_traceback(package, capsys):
+    long_prompt = " ".join(["t5"] * 80)
+    assert run_cli.main([str(package), long_prompt, "--raw", "--context", "64"]) == 2
+    assert "context holds 64" in capsys.readouterr().err
+    assert run_cli.main([str(package), "t1", "--raw", "--device", "cuda"]) == 2
+    assert "CUDAExecutionProvider" in capsys.readouterr().err
+    assert run_cli.main(["/no/such/model.onnx", "hi"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_lone_argument_that_is_not_a_path_is_the_prompt():
+    args = run_cli.parser().parse_args(["What is 2+2?"])
+    assert run_cli.split_model_and_prompt(args) == (None, "What is 2+2?")

@@ -1,0 +1,53 @@
+"""End to end on the real default model (SmolLM2-135M-Instruct): exported logits against transformers' own GGUF
+loader, and the `edge-run` command a new user types."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from edge.model import Decoder
+from edge.package import load_package
+from tiny_models import max_rel_error
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fp32_package(smollm2, tmp_path_factory):
+    from edge.export.pipeline import export_model
+
+    return load_package(export_model("smollm2", tmp_path_factory.mktemp("real") / "fp32", quant="fp32",
+                                     model=smollm2))
+
+
+def test_fp32_logits_match_transformers_over_prompt_and_decode(fp32_package, hf_gguf_model, hf_gguf_tokenizer):
+    import torch
+
+    ids = hf_gguf_tokenizer("The three primary colours of light are red, green and").input_ids
+    with torch.no_grad():
+        full = hf_gguf_model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0].tolist()
+        ref = hf_gguf_model(torch.tensor([full])).logits[0].numpy()
+    decoder = Decoder(fp32_package, context_length=128, threads=2)
+    n = len(ids)
+    assert max_rel_error(decoder.step(ids, logits_rows=list(range(n))), ref[:n]) < 1e-4
+    for t in range(n, len(full)):
+        step = decoder.step([full[t]])[0]
+        assert max_rel_error(step, ref[t]) < 1e-4
+        if t + 1 < len(full):
+            assert int(np.argmax(step)) == full[t + 1]
+
+
+def test_edge_run_on_the_default_model_answers():
+    """The README's first command: no model argument, so the default model is fetched and exported (cached)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "edge.apps.run", "What is the capital of France? Answer in one word.", "--stats",
+         "-n", "16"], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Paris" in result.stdout
+    assert "tok/s" in result.stderr and "peak RSS" in result.stderr
