@@ -81,7 +81,7 @@ def chat_loop(engine, args, config) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parser().parse_intermixed_args(argv)  # flags may sit between MODEL and PROMPT
 
     def run() -> None:
         from edge.engine import Engine, GenerationConfig

@@ -123,10 +123,10 @@ def worker_genai(path: str, threads: int) -> dict:
 
 def worker(system: str, path: str, threads: int) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    import resource
+    from edge.memory.usage import peak_rss_bytes
 
     result = (worker_genai if system.startswith("onnxruntime-genai") else worker_edge)(path, threads)
-    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["peak_rss_mib"] = peak_rss_bytes() / 2**20
     print(json.dumps(result))
 
 

@@ -81,6 +81,7 @@ class BuildOptions:
     tree_attention: bool = False  # add the attention_bias input (needed to verify draft trees)
     accuracy_level: int = 4  # MatMulNBits compute type; 4 = int8 activations, the fast CPU path
     rope_cache_len: int | None = None  # rows of the cos/sin cache; default: the model's max context
+    fuse_projections: bool = True  # one matmul for q/k/v and one for gate/up (benchmarks/graph_ops.py measures it)
 
 
 @dataclass
@@ -127,8 +128,6 @@ class DecoderBuilder:
                 y = self.g.node("Add", [y, self.weight(f"{name}.bias", bias.astype(np.float32))])[0]
             return y
         p = q.to_matmulnbits()
-        if p.get("group_offsets") is not None or p.get("outliers") is not None:
-            raise NotImplementedError(f"{name}: float offsets and sparse outliers are not in the graph builder yet")
         inputs = [
             x,
             self.weight(f"{name}.qweight", p["B"]),
@@ -139,10 +138,36 @@ class DecoderBuilder:
         ]
         while inputs[-1] == "":
             inputs.pop()
-        return self.g.node(
+        y = self.g.node(
             "MatMulNBits", inputs, domain="com.microsoft", name=name, K=p["K"], N=p["N"], bits=p["bits"],
             block_size=p["block_size"], accuracy_level=self.opt.accuracy_level,
         )[0]
+        if p.get("group_offsets") is not None:
+            y = self.g.node("Add", [y, self.offset_term(x, name, p)])[0]
+        if p.get("outliers") is not None and p["outliers"].nnz:
+            y = self.sparse_term(x, y, name, p["outliers"])
+        return y
+
+    def offset_term(self, x: str, name: str, p: dict[str, Any]) -> str:
+        """(sum of x over each block) @ offsets^T: the float part of decoupleQ's zero points, kept out of
+        MatMulNBits so that its uint8 zero points keep the fast CPU path."""
+        if p["K"] % p["block_size"]:
+            raise ValueError(f"{name}: float group offsets need K ({p['K']}) to be a multiple of the block size")
+        blocks = self.g.node("Reshape", [x, self.const(f"{name}.blocks", [0, 0, -1, p["block_size"]])])[0]
+        sums = self.g.node("ReduceSum", [blocks, self.const(f"{name}.axis", [-1])], keepdims=0)[0]
+        offsets_t = self.weight(f"{name}.offsets_t", np.ascontiguousarray(p["group_offsets"].T, np.float32))
+        return self.g.node("MatMul", [sums, offsets_t])[0]
+
+    def sparse_term(self, x: str, y: str, name: str, outliers) -> str:
+        """y[..., r] += v * x[..., c] for each outlier (r, c, v): SpQR's 16-bit outliers in stock ops."""
+        cols = self.weight(f"{name}.outlier_cols", outliers.col.astype(np.int64))
+        rows = self.weight(f"{name}.outlier_rows", outliers.rows().astype(np.int64))
+        values = self.g.node("Cast", [self.weight(f"{name}.outlier_values", outliers.values.astype(np.float16))],
+                             to=TensorProto.FLOAT)[0]
+        picked = self.g.node("Gather", [x, cols], axis=-1)[0]
+        contrib = self.g.node("Mul", [picked, values])[0]
+        index = self.g.node("Expand", [rows, self.g.node("Shape", [contrib])[0]])[0]
+        return self.g.node("ScatterElements", [y, index, contrib], axis=-1, reduction="add")[0]
 
     def rms_norm(self, x: str, weight_name: str) -> str:
         w = self.weight(weight_name, self.tensors[weight_name].astype(np.float32))
@@ -171,16 +196,7 @@ class DecoderBuilder:
 
     def attention(self, i: int, x: str, rope: tuple[str, str]) -> str:
         cfg, p = self.cfg, f"model.layers.{i}.self_attn"
-        w = np.concatenate([self.tensors[f"{p}.{n}_proj.weight"] for n in "qkv"], axis=0)
-        bias = (np.concatenate([self.tensors[f"{p}.{n}_proj.bias"] for n in "qkv"]) if cfg.qkv_bias else None)
-        qkv = self.linear(x, f"{p}.qkv_proj", w, bias)
-        if cfg.qk_norm:
-            q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-            q, k, v = self.g.node("Split", [qkv, self.const(f"{p}.split", [q_dim, kv_dim, kv_dim])], n_out=3, axis=-1)
-            q, k = self.head_norm(q, f"{p}.q_norm.weight"), self.head_norm(k, f"{p}.k_norm.weight")
-            qkv_inputs = [q, k, v]
-        else:
-            qkv_inputs = [qkv, "", ""]
+        qkv_inputs = self.qkv(x, p)
         inputs = qkv_inputs + [f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length",
                                rope[0], rope[1], "position_ids"]
         if self.opt.tree_attention:
@@ -193,6 +209,25 @@ class DecoderBuilder:
                           outputs=[f"{p}.gqa/out0", f"present_key.{i}", f"present_value.{i}"], **attrs)
         return self.linear(out[0], f"{p}.o_proj", self.tensors[f"{p}.o_proj.weight"])
 
+    def qkv(self, x: str, p: str) -> list[str]:
+        """GroupQueryAttention's query/key/value inputs: packed in one tensor when fused and not normalised."""
+        cfg = self.cfg
+        if not self.opt.fuse_projections:
+            q, k, v = (self.linear(x, f"{p}.{n}_proj", self.tensors[f"{p}.{n}_proj.weight"],
+                                   self.tensors[f"{p}.{n}_proj.bias"] if cfg.qkv_bias else None) for n in "qkv")
+        else:
+            w = np.concatenate([self.tensors[f"{p}.{n}_proj.weight"] for n in "qkv"], axis=0)
+            bias = np.concatenate([self.tensors[f"{p}.{n}_proj.bias"] for n in "qkv"]) if cfg.qkv_bias else None
+            packed = self.linear(x, f"{p}.qkv_proj", w, bias)
+            if not cfg.qk_norm:
+                return [packed, "", ""]
+            q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            q, k, v = self.g.node("Split", [packed, self.const(f"{p}.split", [q_dim, kv_dim, kv_dim])], n_out=3,
+                                  axis=-1)
+        if cfg.qk_norm:
+            q, k = self.head_norm(q, f"{p}.q_norm.weight"), self.head_norm(k, f"{p}.k_norm.weight")
+        return [q, k, v]
+
     def head_norm(self, x: str, weight_name: str) -> str:
         """Per-head RMSNorm (Gemma 3's q_norm/k_norm): normalise each head_dim slice."""
         shape = self.const(f"{weight_name}.shape", [0, 0, -1, self.cfg.head_dim])
@@ -202,8 +237,11 @@ class DecoderBuilder:
 
     def mlp(self, i: int, x: str) -> str:
         p = f"model.layers.{i}.mlp"
-        w = np.concatenate([self.tensors[f"{p}.gate_proj.weight"], self.tensors[f"{p}.up_proj.weight"]], axis=0)
-        gate, up = self.g.node("Split", [self.linear(x, f"{p}.gate_up_proj", w)], n_out=2, axis=-1, num_outputs=2)
+        if self.opt.fuse_projections:
+            w = np.concatenate([self.tensors[f"{p}.gate_proj.weight"], self.tensors[f"{p}.up_proj.weight"]], axis=0)
+            gate, up = self.g.node("Split", [self.linear(x, f"{p}.gate_up_proj", w)], n_out=2, axis=-1, num_outputs=2)
+        else:
+            gate, up = (self.linear(x, f"{p}.{n}_proj", self.tensors[f"{p}.{n}_proj.weight"]) for n in ("gate", "up"))
         if self.cfg.hidden_act == "silu":
             act = self.g.node("Mul", [gate, self.g.node("Sigmoid", [gate])[0]])[0]
         elif self.cfg.hidden_act == "gelu_tanh":

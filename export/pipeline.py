@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from collections.abc import Callable
@@ -43,9 +44,13 @@ def build_options(quant: str, tree_attention: bool) -> tuple[BuildOptions, dict[
 
 def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: str = "int4",
                  tree_attention: bool = True, overwrite: bool = False, progress: bool = False,
-                 model: ImportedModel | None = None) -> Path:
-    """Export `source` (a GGUF file or a Hugging Face folder) into the package folder `out_dir`."""
+                 model: ImportedModel | None = None, **build_overrides: Any) -> Path:
+    """Export `source` (a GGUF file or a Hugging Face folder) into the package folder `out_dir`.
+
+    build_overrides replace BuildOptions fields (e.g. fuse_projections=False) for experiments and benchmarks.
+    """
     options, quant_info = build_options(quant, tree_attention)
+    options = dataclasses.replace(options, **build_overrides)
     if model is None:
         from edge.export.load import load_model
 

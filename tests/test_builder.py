@@ -14,15 +14,17 @@ from tiny_models import max_rel_error, reference_logits, tiny_llama
 pytest.importorskip("transformers")
 
 
-def make_decoder(tmp_path, imported, quant="fp32", context=64, tree=True, name="pkg") -> Decoder:
-    export_model("tiny", tmp_path / name, quant=quant, model=imported, tree_attention=tree)
+def make_decoder(tmp_path, imported, quant="fp32", context=64, tree=True, name="pkg", **build) -> Decoder:
+    export_model("tiny", tmp_path / name, quant=quant, model=imported, tree_attention=tree, **build)
     return Decoder(load_package(tmp_path / name), context_length=context, threads=1)
 
 
-@pytest.mark.parametrize("variant", [dict(), dict(qkv_bias=True), dict(tie=False)], ids=["llama", "qwen2", "untied"])
-def test_fp32_logits_match_transformers_over_prompt_and_decode_steps(tmp_path, variant):
+@pytest.mark.parametrize("variant, build", [(dict(), {}), (dict(qkv_bias=True), {}), (dict(tie=False), {}),
+                                            (dict(qkv_bias=True), dict(fuse_projections=False))],
+                         ids=["llama", "qwen2", "untied", "qwen2-unfused"])
+def test_fp32_logits_match_transformers_over_prompt_and_decode_steps(tmp_path, variant, build):
     model, imported = tiny_llama(**variant)
-    decoder = make_decoder(tmp_path, imported)
+    decoder = make_decoder(tmp_path, imported, **build)
     ids = [int(t) for t in np.random.default_rng(1).integers(0, 96, 24)]
     ref = reference_logits(model, ids)
     prompt = decoder.step(ids[:16], logits_rows=list(range(16))).copy()
@@ -107,3 +109,72 @@ def test_graph_interface_and_external_data(tmp_path):
     assert external and all(e.value == "model.onnx.data" for t in external for e in t.external_data
                             if e.key == "location")
     assert graph.ir_version <= 10
+
+
+def test_gemma3_logits_match_transformers(tmp_path):
+    """Gemma 3: sliding-window layers (window 8 < sequence), q/k norms, GELU, embedding scale, two rope bases."""
+    import torch
+    import transformers
+
+    from edge.export.hf import load_hf
+    from tiny_models import word_level_tokenizer_json
+
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=7, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, max_position_embeddings=128, sliding_window=8,
+        query_pre_attn_scalar=32, rope_theta=1e6, tie_word_embeddings=True)
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.3 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text(word_level_tokenizer_json())
+    decoder = make_decoder(tmp_path, load_hf(tmp_path / "hf"))
+    ids = [int(t) for t in np.random.default_rng(0).integers(0, 96, 30)]
+    ref = reference_logits(model, ids)
+    assert max_rel_error(decoder.step(ids[:20], logits_rows=list(range(20))), ref[:20]) < 1e-4
+    for t in range(20, 30):
+        assert max_rel_error(decoder.step([ids[t]])[0], ref[t]) < 1e-4
+
+
+def test_float_offsets_and_sparse_outliers_follow_the_dequantized_weights(tmp_path):
+    """decoupleQ's float offsets and SpQR's CSR outliers, in stock ops, add exactly what dequantize() says."""
+    import dataclasses
+
+    import torch
+
+    from edge.export.quant.outliers import SparseOutliers
+    from edge.export.quant.rtn import quantize_rtn
+
+    rng = np.random.default_rng(0)
+
+    def quantize(name, w):
+        if name == "model.embed_tokens":
+            return None
+        q = quantize_rtn(w, bits=4, block_size=32)
+        mask = rng.random(w.shape) < 0.02
+        mask[0, :3] = True  # several outliers in one row: the scatter must add, not overwrite
+        delta = rng.normal(0, 0.5, w.shape).astype(np.float32)
+        offsets = rng.normal(0, 0.01, q.scales.shape).astype(np.float32)
+        return dataclasses.replace(q, offsets=offsets, outliers=SparseOutliers.from_dense(mask, delta))
+
+    model, imported = tiny_llama(seed=8)
+    layers = {}
+    decoder = make_decoder(tmp_path, imported, accuracy_level=0,  # fp32 compute: the terms themselves are exact
+                           quantizer=lambda name, w: layers.setdefault(name, quantize(name, w)))
+    with torch.no_grad():
+        for name, q in layers.items():
+            if q is None:
+                continue
+            fused = name.endswith(("qkv_proj", "gate_up_proj"))
+            parts = ("q_proj", "k_proj", "v_proj") if name.endswith("qkv_proj") else ("gate_proj", "up_proj")
+            w = torch.from_numpy(q.dequantize())
+            targets = [name.rsplit(".", 1)[0] + "." + part for part in parts] if fused else [name]
+            for target in targets:
+                param = model.get_parameter(target + ".weight")
+                param.copy_(w[: param.shape[0]])
+                w = w[param.shape[0]:]
+    ids = [int(t) for t in np.random.default_rng(4).integers(0, 96, 10)]
+    assert max_rel_error(decoder.step(ids, logits_rows=list(range(10))), reference_logits(model, ids)) < 1e-4

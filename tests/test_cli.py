@@ -62,3 +62,8 @@ def test_run_reports_bad_input_without_traceback(package, capsys):
 def test_lone_argument_that_is_not_a_path_is_the_prompt():
     args = run_cli.parser().parse_args(["What is 2+2?"])
     assert run_cli.split_model_and_prompt(args) == (None, "What is 2+2?")
+
+
+def test_flags_may_sit_between_model_and_prompt(package, capsys):
+    assert run_cli.main([str(package), "--raw", "t1 t2", "-n", "3", "--context", "64"]) == 0
+    assert len(capsys.readouterr().out.split()) == 3
