@@ -207,7 +207,8 @@ class DecoderBuilder:
             attrs["local_window_size"] = cfg.sliding_window
         out = self.g.node("GroupQueryAttention", inputs, domain="com.microsoft", name=f"{p}.gqa",
                           outputs=[f"{p}.gqa/out0", f"present_key.{i}", f"present_value.{i}"], **attrs)
-        return self.linear(out[0], f"{p}.o_proj", self.tensors[f"{p}.o_proj.weight"])
+        return self.linear(out[0], f"{p}.o_proj", self.tensors[f"{p}.o_proj.weight"],
+                           self.tensors.get(f"{p}.o_proj.bias"))  # Llama with attention_bias=True
 
     def qkv(self, x: str, p: str) -> list[str]:
         """GroupQueryAttention's query/key/value inputs: packed in one tensor when fused and not normalised."""
@@ -341,6 +342,8 @@ def rope_inv_freq(cfg: ModelConfig, base: float, is_global: bool = True) -> np.n
     scaling = cfg.rope_scaling if is_global else None
     if not scaling:
         return inv_freq
+    if "freq_factors" in scaling:  # GGUF stores Llama 3.1's scaling as precomputed per-frequency divisors
+        return inv_freq / np.asarray(scaling["freq_factors"], dtype=np.float64)
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "linear":
         return inv_freq / scaling["factor"]

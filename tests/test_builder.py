@@ -178,3 +178,30 @@ def test_float_offsets_and_sparse_outliers_follow_the_dequantized_weights(tmp_pa
                 w = w[param.shape[0]:]
     ids = [int(t) for t in np.random.default_rng(4).integers(0, 96, 10)]
     assert max_rel_error(decoder.step(ids, logits_rows=list(range(10))), reference_logits(model, ids)) < 1e-4
+
+
+def test_rope_frequency_scaling():
+    """Llama 3 scaling from HF config keys, and GGUF's precomputed freq_factors, both applied to the base table."""
+    import dataclasses
+
+    from edge.export.builder import rope_inv_freq
+
+    _, imported = tiny_llama()
+    cfg = imported.config
+    base = rope_inv_freq(cfg, cfg.rope_theta)
+    factors = np.linspace(1.0, 8.0, base.size)
+    scaled = rope_inv_freq(dataclasses.replace(cfg, rope_scaling={"freq_factors": factors.tolist()}), cfg.rope_theta)
+    np.testing.assert_allclose(scaled, base / factors)
+    llama3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                  original_max_position_embeddings=16)
+    ours = rope_inv_freq(dataclasses.replace(cfg, rope_scaling=llama3), cfg.rope_theta)
+    import torch
+    import transformers
+
+    hf = transformers.LlamaConfig(head_dim=cfg.head_dim, hidden_size=cfg.hidden_size,
+                                  num_attention_heads=cfg.num_heads, rope_theta=cfg.rope_theta, rope_scaling=llama3,
+                                  max_position_embeddings=128)
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    ref, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, torch.device("cpu"))
+    np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-5)
