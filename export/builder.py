@@ -262,6 +262,9 @@ class DecoderBuilder:
             # The packed table is stored in MatMulNBits' layout: only a constant initializer gets MatMulNBits'
             # prepacked fast path, which matters for the (largest) output head; the gather reads a reshaped view.
             p = q.to_matmulnbits()
+            if p.get("group_offsets") is not None or p.get("outliers") is not None:
+                raise ValueError("the embedding must be quantized without float offsets or outliers "
+                                 "(GatherBlockQuantized has no place for them)")
             table = self.weight("model.embed_tokens.qweight", p["B"])
             scales = self.weight("model.embed_tokens.scales", p["scales"].astype(np.float32))
             zeros = self.weight("model.embed_tokens.zero_points", p["zero_points"])
@@ -276,7 +279,6 @@ class DecoderBuilder:
                 return self.linear(h, "lm_head", self.tensors["lm_head.weight"])
             if q is None:
                 return self.g.node("Gemm", [h, table], transB=1, name="lm_head")[0]
-            p = q.to_matmulnbits()
             return self.g.node("MatMulNBits", [h, table, scales, zeros], domain="com.microsoft", name="lm_head",
                                K=p["K"], N=p["N"], bits=p["bits"], block_size=p["block_size"],
                                accuracy_level=self.opt.accuracy_level)[0]
