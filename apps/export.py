@@ -7,6 +7,7 @@ import sys
 import time
 
 from edge.apps.cli import run_main
+from edge.errors import EdgeError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -19,6 +20,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace the output folder if it exists")
     p.add_argument("--no-tree-attention", action="store_true",
                    help="leave out the attention_bias input (no draft-tree verification)")
+    p.add_argument("--paged", action="store_true",
+                   help="float32 package whose layers are read from disk on demand (weight paging, for budgets "
+                        "smaller than the model)")
     return p
 
 
@@ -29,8 +33,17 @@ def main(argv: list[str] | None = None) -> int:
         from edge.export.pipeline import export_model
 
         start = time.perf_counter()
-        out = export_model(args.source, args.output, quant=args.quant, overwrite=args.force,
-                           tree_attention=not args.no_tree_attention, progress=sys.stderr.isatty())
+        if args.paged:
+            from edge.export.load import load_model
+            from edge.export.paged import export_paged
+
+            if args.quant != "fp32":
+                raise EdgeError("--paged packages hold float32 weights for now; add --quant fp32")
+            out = export_paged(load_model(args.source), args.output, tree_attention=not args.no_tree_attention,
+                               overwrite=args.force)
+        else:
+            out = export_model(args.source, args.output, quant=args.quant, overwrite=args.force,
+                               tree_attention=not args.no_tree_attention, progress=sys.stderr.isatty())
         size = sum(f.stat().st_size for f in out.iterdir())
         print(f"wrote {out} ({size / 2**20:.1f} MiB, {args.quant}) in {time.perf_counter() - start:.1f} s")
 

@@ -67,3 +67,12 @@ def test_lone_argument_that_is_not_a_path_is_the_prompt():
 def test_flags_may_sit_between_model_and_prompt(package, capsys):
     assert run_cli.main([str(package), "--raw", "t1 t2", "-n", "3", "--context", "64"]) == 0
     assert len(capsys.readouterr().out.split()) == 3
+
+
+def test_export_paged_package_runs(hf_folder, tmp_path, capsys):
+    assert export_cli.main([str(hf_folder), "-o", str(tmp_path / "int4"), "--paged"]) == 2
+    assert "--quant fp32" in capsys.readouterr().err
+    assert export_cli.main([str(hf_folder), "-o", str(tmp_path / "paged"), "--paged", "--quant", "fp32"]) == 0
+    capsys.readouterr()
+    assert run_cli.main([str(tmp_path / "paged"), "t1 t2", "--raw", "-n", "3", "--context", "64"]) == 0
+    assert len(capsys.readouterr().out.split()) == 3
