@@ -17,6 +17,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="a .gguf file or a Hugging Face model folder (config.json + safetensors)")
     p.add_argument("-o", "--output", required=True, help="package folder to write")
     p.add_argument("--quant", choices=QUANT_METHODS, default="int4", help="weight format (default: int4)")
+    p.add_argument("--kernels", choices=["stock", "edge"], default="stock",
+                   help="stock: onnxruntime's MatMulNBits; edge: edge.QMatMul from kernels/ (batch-invariant, so "
+                        "speculative decoding stays exact on quantized weights; needs the built kernel library)")
     p.add_argument("--force", action="store_true", help="replace the output folder if it exists")
     p.add_argument("--no-tree-attention", action="store_true",
                    help="leave out the attention_bias input (no draft-tree verification)")
@@ -43,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                                overwrite=args.force)
         else:
             out = export_model(args.source, args.output, quant=args.quant, overwrite=args.force,
-                               tree_attention=not args.no_tree_attention, progress=sys.stderr.isatty())
+                               tree_attention=not args.no_tree_attention, progress=sys.stderr.isatty(),
+                               kernels=args.kernels)
         size = sum(f.stat().st_size for f in out.iterdir())
         print(f"wrote {out} ({size / 2**20:.1f} MiB, {args.quant}) in {time.perf_counter() - start:.1f} s")
 

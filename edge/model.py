@@ -7,7 +7,6 @@ buffer); per step only the small index inputs are rebound. This is the interface
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -23,12 +22,12 @@ MASKED = np.float32(-1e9)  # what GroupQueryAttention's tree bias uses for "not 
 
 class Decoder:
     def __init__(self, package: Package, context_length: int | None = None, device: str = "cpu",
-                 threads: int | None = None, max_rows: int = 64, custom_op_libraries: list[Path] | None = None):
+                 threads: int | None = None, max_rows: int = 64):
         self.package = package
         self.config = package.config
         self.device = device
         self.context_length = min(context_length or self.config.max_context, self.config.max_context)
-        self.session = create_session(package.graph_path, device, threads, custom_op_libraries)
+        self.session = create_session(package.graph_path, device, threads, package.custom_ops)
         self.cache = KVCache(self.config, self.context_length, device)
         self.tree_attention = package.tree_attention
         self.max_rows = max_rows

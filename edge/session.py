@@ -22,7 +22,8 @@ def default_threads() -> int:
 
 
 def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
-                   custom_op_libraries: list[Path] | None = None) -> ort.InferenceSession:
+                   custom_ops: list[str] | None = None) -> ort.InferenceSession:
+    """custom_ops: the custom-op domains the graph uses (the manifest's graph.custom_ops); "edge" is ours."""
     if device not in PROVIDERS:
         raise DeviceError(f"unknown device {device!r}; choose one of {', '.join(PROVIDERS)}")
     provider = PROVIDERS[device]
@@ -38,8 +39,12 @@ def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
     if device != "cpu":
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    for library in custom_op_libraries or []:
-        options.register_custom_ops_library(str(library))
+    for domain in custom_ops or []:
+        if domain != "edge":
+            raise DeviceError(f"the model needs custom ops of domain {domain!r}, which edge does not provide")
+        from edge.kernels import register
+
+        register(options, cuda=device == "cuda")
     providers = [provider] if device == "cpu" else [provider, "CPUExecutionProvider"]
     session = ort.InferenceSession(str(graph), sess_options=options, providers=providers)
     if session.get_providers()[0] != provider:

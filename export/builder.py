@@ -82,6 +82,7 @@ class BuildOptions:
     accuracy_level: int = 4  # MatMulNBits compute type; 4 = int8 activations, the fast CPU path
     rope_cache_len: int | None = None  # rows of the cos/sin cache; default: the model's max context
     fuse_projections: bool = True  # one matmul for q/k/v and one for gate/up (benchmarks/graph_ops.py measures it)
+    kernels: str = "stock"  # "edge": quantized linears run edge.QMatMul (kernels/), batch-invariant and any bits
 
 
 @dataclass
@@ -127,6 +128,8 @@ class DecoderBuilder:
             if bias is not None:
                 y = self.g.node("Add", [y, self.weight(f"{name}.bias", bias.astype(np.float32))])[0]
             return y
+        if self.opt.kernels == "edge":
+            return self.qmatmul(x, name, q, bias)
         p = q.to_matmulnbits()
         inputs = [
             x,
@@ -147,6 +150,22 @@ class DecoderBuilder:
         if p.get("outliers") is not None and p["outliers"].nnz:
             y = self.sparse_term(x, y, name, p["outliers"])
         return y
+
+    def qmatmul(self, x: str, name: str, q, bias: np.ndarray | None) -> str:
+        """edge.QMatMul: one op for any bits, float offsets folded into float zero points, outliers inside."""
+        from edge.kernels.graph import qmatmul_node, qmatmul_tensors
+        from edge.kernels.pack import make_outliers, pack
+
+        zeros = q.zeros if q.offsets is None else q.zeros.astype(np.float32) - q.offsets / q.scales
+        outliers = None
+        if q.outliers is not None and q.outliers.nnz:
+            o = q.outliers
+            outliers = make_outliers(o.shape[0], o.shape[1], o.rows(), o.col, o.values)
+        packed = pack(q.codes, q.scales, zeros, bits=q.bits, group_size=q.block_size, outliers=outliers)
+        for tensor_name, array in qmatmul_tensors(packed, name, bias).items():
+            self.weight(tensor_name, array)
+        self.g.nodes.append(qmatmul_node(x, f"{name}/y", packed, name, has_bias=bias is not None))
+        return f"{name}/y"
 
     def offset_term(self, x: str, name: str, p: dict[str, Any]) -> str:
         """(sum of x over each block) @ offsets^T: the float part of decoupleQ's zero points, kept out of
@@ -279,6 +298,8 @@ class DecoderBuilder:
                 return self.linear(h, "lm_head", self.tensors["lm_head.weight"])
             if q is None:
                 return self.g.node("Gemm", [h, table], transB=1, name="lm_head")[0]
+            if self.opt.kernels == "edge":  # the head in the batch-invariant kernel too (its own copy of the table)
+                return self.qmatmul(h, "lm_head", q, None)
             return self.g.node("MatMulNBits", [h, table, scales, zeros], domain="com.microsoft", name="lm_head",
                                K=p["K"], N=p["N"], bits=p["bits"], block_size=p["block_size"],
                                accuracy_level=self.opt.accuracy_level)[0]
@@ -331,9 +352,10 @@ class DecoderBuilder:
                 inputs.append(helper.make_tensor_value_info(f"past_{kind}.{i}", f32, cache))
                 outputs.append(helper.make_tensor_value_info(f"present_{kind}.{i}", f32, cache))
         graph = helper.make_graph(self.g.nodes, "edge_decoder", inputs, outputs, self.g.initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                        helper.make_opsetid("com.microsoft", 1)],
-                                  producer_name="edge", ir_version=IR_VERSION)
+        opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+        if self.opt.kernels == "edge":
+            opsets.append(helper.make_opsetid("edge", 1))
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="edge", ir_version=IR_VERSION)
         return model
 
 

@@ -65,7 +65,7 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
             "name": imported.source.get("name") or Path(source).stem,
             "config": cfg.to_dict(),
             "graph": {"file": "model.onnx", "data": "model.onnx.data", "tree_attention": tree_attention,
-                      "kv_dtype": "float32", "custom_ops": []},
+                      "kv_dtype": "float32", "custom_ops": ["edge"] if options.kernels == "edge" else []},
             "quantization": quant_info,
             "tokenizer": {"file": "tokenizer.json", **vars(imported.special_tokens)},
             "chat_template": imported.chat_template,

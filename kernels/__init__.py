@@ -4,8 +4,8 @@ library_path()/register() find and register the compiled library; pack()/quantiz
 weights of an edge.QMatMul node; dequantize()/reference() are its float64 reference.
 """
 
-from edge.kernels.library import DOMAIN, OP_TYPE, KernelLibraryError, library_path, register
+from edge.kernels.library import DOMAIN, OP_TYPE, KernelLibraryError, kernel_isa, library_path, register
 from edge.kernels.pack import Outliers, PackedWeight, dequantize, make_outliers, pack, quantize, reference
 
-__all__ = ["DOMAIN", "OP_TYPE", "KernelLibraryError", "Outliers", "PackedWeight", "dequantize", "library_path",
-           "make_outliers", "pack", "quantize", "reference", "register"]
+__all__ = ["DOMAIN", "OP_TYPE", "KernelLibraryError", "Outliers", "PackedWeight", "dequantize", "kernel_isa",
+           "library_path", "make_outliers", "pack", "quantize", "reference", "register"]

@@ -51,3 +51,21 @@ def test_edge_run_on_the_default_model_answers():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Paris" in result.stdout
     assert "tok/s" in result.stderr and "peak RSS" in result.stderr
+
+
+def test_edge_kernels_package_generates_the_same_tokens_as_stock_ops(smollm2, tmp_path):
+    """Issue 6's check: int4 through edge.QMatMul vs the stock MatMulNBits package computing in fp32 (accuracy
+    level 0; level 4 quantizes activations to int8 and so differs by design)."""
+    from edge.engine import Engine
+    from edge.export.pipeline import export_model
+    from edge.kernels import library_path
+
+    if library_path() is None:
+        pytest.skip("kernel library not built")
+    engines = [Engine(export_model("smollm2", tmp_path / name, quant="int4", model=smollm2, **kw),
+                      context_length=256, threads=2)
+               for name, kw in (("edge", dict(kernels="edge")), ("stock", dict(accuracy_level=0)))]
+    for prompt in ("Explain photosynthesis to a child.", "List three uses of copper."):
+        messages = [{"role": "user", "content": prompt}]
+        outputs = [e.generate(e.template.render(messages), max_tokens=32) for e in engines]
+        assert outputs[0] == outputs[1], prompt

@@ -1,0 +1,136 @@
+// Binding of the OrtApi slots we use, and the registration self-check that proves the binding right.
+#include "ort_api.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace edge {
+
+OrtApiFns g_ort{};
+
+namespace {
+
+// The slot a debug run wants to corrupt (-1: none). Only tests set it, to check that self_check() catches it.
+int corrupt_slot() {
+  const char* value = std::getenv("EDGE_KERNELS_DEBUG_CORRUPT_SLOT");
+  if (value == nullptr || *value == '\0') return -1;
+  return std::atoi(value);
+}
+
+template <typename Fn>
+void bind(Fn& out, void* const* table, int slot, int corrupt) {
+  out = reinterpret_cast<Fn>(table[slot == corrupt ? slot + 1 : slot]);
+}
+
+}  // namespace
+
+bool bind_api(const OrtApi* api) {
+  if (api == nullptr) return false;
+  // One runtime per process hands out one table: bind once, so sessions already computing never see a rewrite.
+  static std::mutex mutex;
+  static const OrtApi* bound = nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (bound == api) return true;
+  bound = api;
+  void* const* t = reinterpret_cast<void* const*>(api);
+  const int c = corrupt_slot();
+  bind(g_ort.CreateStatus, t, kSlotCreateStatus, c);
+  bind(g_ort.GetErrorCode, t, kSlotGetErrorCode, c);
+  bind(g_ort.GetErrorMessage, t, kSlotGetErrorMessage, c);
+  bind(g_ort.CreateCustomOpDomain, t, kSlotCreateCustomOpDomain, c);
+  bind(g_ort.CustomOpDomain_Add, t, kSlotCustomOpDomainAdd, c);
+  bind(g_ort.AddCustomOpDomain, t, kSlotAddCustomOpDomain, c);
+  bind(g_ort.GetTensorMutableData, t, kSlotGetTensorMutableData, c);
+  bind(g_ort.CreateTensorTypeAndShapeInfo, t, kSlotCreateTensorTypeAndShapeInfo, c);
+  bind(g_ort.SetTensorElementType, t, kSlotSetTensorElementType, c);
+  bind(g_ort.SetDimensions, t, kSlotSetDimensions, c);
+  bind(g_ort.GetTensorElementType, t, kSlotGetTensorElementType, c);
+  bind(g_ort.GetDimensionsCount, t, kSlotGetDimensionsCount, c);
+  bind(g_ort.GetDimensions, t, kSlotGetDimensions, c);
+  bind(g_ort.GetTensorShapeElementCount, t, kSlotGetTensorShapeElementCount, c);
+  bind(g_ort.GetTensorTypeAndShape, t, kSlotGetTensorTypeAndShape, c);
+  bind(g_ort.KernelInfoGetAttribute_int64, t, kSlotKernelInfoGetAttributeInt64, c);
+  bind(g_ort.KernelContext_GetInputCount, t, kSlotKernelContextGetInputCount, c);
+  bind(g_ort.KernelContext_GetInput, t, kSlotKernelContextGetInput, c);
+  bind(g_ort.KernelContext_GetOutput, t, kSlotKernelContextGetOutput, c);
+  bind(g_ort.ReleaseStatus, t, kSlotReleaseStatus, c);
+  bind(g_ort.ReleaseTensorTypeAndShapeInfo, t, kSlotReleaseTensorTypeAndShapeInfo, c);
+  bind(g_ort.ReleaseCustomOpDomain, t, kSlotReleaseCustomOpDomain, c);
+  bind(g_ort.KernelContext_GetGPUComputeStream, t, kSlotKernelContextGetGPUComputeStream, c);
+  bind(g_ort.KernelContext_ParallelFor, t, kSlotKernelContextParallelFor, c);
+  return true;
+}
+
+OrtStatus* make_status(int code, const std::string& msg) {
+  return g_ort.CreateStatus(code, msg.empty() ? "edge kernels: unknown error" : msg.c_str());
+}
+
+namespace {
+
+// Consume a status returned by a probed call: "" if it is success, else its message (or a note that it was garbage).
+std::string status_text(OrtStatus* status, const char* what) {
+  if (status == nullptr) return "";
+  std::string msg = std::string(what) + " returned an error";
+  const char* text = g_ort.GetErrorMessage(status);
+  if (text != nullptr) msg += std::string(": ") + text;
+  g_ort.ReleaseStatus(status);
+  return msg;
+}
+
+std::string check_status_round_trip() {
+  const char* probe = "edge-abi-probe";
+  OrtStatus* status = g_ort.CreateStatus(kOrtRuntimeException, probe);
+  if (status == nullptr) return "CreateStatus (slot 0) returned null";
+  // Wide storage, so a wrong slot that writes more than an int cannot smash the stack.
+  const int code = g_ort.GetErrorCode(status);
+  const char* text = g_ort.GetErrorMessage(status);
+  std::string err;
+  if (code != kOrtRuntimeException)
+    err = "GetErrorCode (slot 1) gave " + std::to_string(code) + " instead of " + std::to_string(kOrtRuntimeException);
+  else if (text == nullptr || std::strcmp(text, probe) != 0)
+    err = "GetErrorMessage (slot 2) did not return the probe text";
+  g_ort.ReleaseStatus(status);
+  return err;
+}
+
+std::string check_type_and_shape_round_trip() {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  std::string err = status_text(g_ort.CreateTensorTypeAndShapeInfo(&info), "CreateTensorTypeAndShapeInfo (slot 57)");
+  if (!err.empty()) return err;
+  if (info == nullptr) return "CreateTensorTypeAndShapeInfo (slot 57) gave no object";
+  const int64_t dims[3] = {2, 3, 5};
+  int64_t type_out[2] = {-1, -1};
+  uint64_t count_out[2] = {0, 0}, elements_out[2] = {0, 0};
+  int64_t dims_out[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  err = status_text(g_ort.SetTensorElementType(info, kOrtFloat16), "SetTensorElementType (slot 58)");
+  if (err.empty()) err = status_text(g_ort.SetDimensions(info, dims, 3), "SetDimensions (slot 59)");
+  if (err.empty())
+    err = status_text(g_ort.GetTensorElementType(info, reinterpret_cast<int*>(type_out)), "GetTensorElementType (slot 60)");
+  if (err.empty() && static_cast<int>(type_out[0]) != kOrtFloat16)
+    err = "GetTensorElementType (slot 60) gave " + std::to_string(static_cast<int>(type_out[0])) + " instead of 10";
+  if (err.empty())
+    err = status_text(g_ort.GetDimensionsCount(info, reinterpret_cast<size_t*>(count_out)), "GetDimensionsCount (slot 61)");
+  if (err.empty() && count_out[0] != 3)
+    err = "GetDimensionsCount (slot 61) gave " + std::to_string(count_out[0]) + " instead of 3";
+  if (err.empty()) err = status_text(g_ort.GetDimensions(info, dims_out, 3), "GetDimensions (slot 62)");
+  if (err.empty() && (dims_out[0] != 2 || dims_out[1] != 3 || dims_out[2] != 5))
+    err = "GetDimensions (slot 62) did not return (2, 3, 5)";
+  if (err.empty())
+    err = status_text(g_ort.GetTensorShapeElementCount(info, reinterpret_cast<size_t*>(elements_out)),
+                      "GetTensorShapeElementCount (slot 64)");
+  if (err.empty() && elements_out[0] != 30)
+    err = "GetTensorShapeElementCount (slot 64) gave " + std::to_string(elements_out[0]) + " instead of 30";
+  g_ort.ReleaseTensorTypeAndShapeInfo(info);
+  return err;
+}
+
+}  // namespace
+
+std::string self_check() {
+  std::string err = check_status_round_trip();
+  if (err.empty()) err = check_type_and_shape_round_trip();
+  return err;
+}
+
+}  // namespace edge

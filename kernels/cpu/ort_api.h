@@ -1,0 +1,83 @@
+// The OrtApi entries edge's kernels call, bound by their fixed slot index in the runtime's function table.
+//
+// Why a struct of typed pointers filled from indices: the indices below are the whole ABI contract, kept in one place,
+// checked at registration by self_check() (ort_api.cc), and corruptible on purpose for the test of that check
+// (environment variable EDGE_KERNELS_DEBUG_CORRUPT_SLOT=<index> binds that entry to the next slot instead).
+#pragma once
+
+#include <string>
+
+#include "ort_abi.h"
+
+namespace edge {
+
+// Slot numbers in the append-only OrtApi table (all frozen since API 18 or earlier).
+enum OrtSlot : int {
+  kSlotCreateStatus = 0,
+  kSlotGetErrorCode = 1,
+  kSlotGetErrorMessage = 2,
+  kSlotCreateCustomOpDomain = 26,
+  kSlotCustomOpDomainAdd = 27,
+  kSlotAddCustomOpDomain = 28,
+  kSlotGetTensorMutableData = 51,
+  kSlotCreateTensorTypeAndShapeInfo = 57,
+  kSlotSetTensorElementType = 58,
+  kSlotSetDimensions = 59,
+  kSlotGetTensorElementType = 60,
+  kSlotGetDimensionsCount = 61,
+  kSlotGetDimensions = 62,
+  kSlotGetTensorShapeElementCount = 64,
+  kSlotGetTensorTypeAndShape = 65,
+  kSlotKernelInfoGetAttributeInt64 = 86,
+  kSlotKernelContextGetInputCount = 88,
+  kSlotKernelContextGetInput = 90,
+  kSlotKernelContextGetOutput = 91,
+  kSlotReleaseStatus = 93,
+  kSlotReleaseTensorTypeAndShapeInfo = 99,
+  kSlotReleaseCustomOpDomain = 101,
+  kSlotKernelContextGetGPUComputeStream = 193,
+  kSlotKernelContextParallelFor = 274,
+};
+
+struct OrtApiFns {
+  OrtStatus* (*CreateStatus)(int code, const char* msg);
+  int (*GetErrorCode)(const OrtStatus* status);
+  const char* (*GetErrorMessage)(const OrtStatus* status);
+  OrtStatus* (*CreateCustomOpDomain)(const char* domain, OrtCustomOpDomain** out);
+  OrtStatus* (*CustomOpDomain_Add)(OrtCustomOpDomain* domain, const OrtCustomOp* op);
+  OrtStatus* (*AddCustomOpDomain)(OrtSessionOptions* options, OrtCustomOpDomain* domain);
+  OrtStatus* (*GetTensorMutableData)(OrtValue* value, void** out);
+  OrtStatus* (*CreateTensorTypeAndShapeInfo)(OrtTensorTypeAndShapeInfo** out);
+  OrtStatus* (*SetTensorElementType)(OrtTensorTypeAndShapeInfo* info, int type);
+  OrtStatus* (*SetDimensions)(OrtTensorTypeAndShapeInfo* info, const int64_t* dims, size_t count);
+  OrtStatus* (*GetTensorElementType)(const OrtTensorTypeAndShapeInfo* info, int* out);
+  OrtStatus* (*GetDimensionsCount)(const OrtTensorTypeAndShapeInfo* info, size_t* out);
+  OrtStatus* (*GetDimensions)(const OrtTensorTypeAndShapeInfo* info, int64_t* dims, size_t count);
+  OrtStatus* (*GetTensorShapeElementCount)(const OrtTensorTypeAndShapeInfo* info, size_t* out);
+  OrtStatus* (*GetTensorTypeAndShape)(const OrtValue* value, OrtTensorTypeAndShapeInfo** out);
+  OrtStatus* (*KernelInfoGetAttribute_int64)(const OrtKernelInfo* info, const char* name, int64_t* out);
+  OrtStatus* (*KernelContext_GetInputCount)(const OrtKernelContext* ctx, size_t* out);
+  OrtStatus* (*KernelContext_GetInput)(const OrtKernelContext* ctx, size_t index, const OrtValue** out);
+  OrtStatus* (*KernelContext_GetOutput)(OrtKernelContext* ctx, size_t index, const int64_t* dims, size_t count,
+                                        OrtValue** out);
+  void (*ReleaseStatus)(OrtStatus* status);
+  void (*ReleaseTensorTypeAndShapeInfo)(OrtTensorTypeAndShapeInfo* info);
+  void (*ReleaseCustomOpDomain)(OrtCustomOpDomain* domain);
+  OrtStatus* (*KernelContext_GetGPUComputeStream)(const OrtKernelContext* ctx, void** out);
+  OrtStatus* (*KernelContext_ParallelFor)(const OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t total,
+                                          size_t num_batch, void* user_data);
+};
+
+// The bound entries; valid after bind_api() succeeded (the table lives as long as the runtime).
+extern OrtApiFns g_ort;
+
+// Bind g_ort from the runtime's table. Returns false only when the table is missing.
+bool bind_api(const OrtApi* api);
+
+// Exercise the status and type-and-shape entries with known values; returns "" when all agree, else what differed.
+std::string self_check();
+
+// A status carrying `msg` (nullptr would mean success to ORT, so never pass an empty failure).
+OrtStatus* make_status(int code, const std::string& msg);
+
+}  // namespace edge

@@ -1,0 +1,83 @@
+// edge.QMatMul: y = x W^T (+ bias) with W stored as 2/3/4-bit codes in groups, optional CSR outliers.
+//
+// The packed layout (written by edge.kernels.pack, documented there) is "tile-major": output columns come in tiles of
+// 8, and for each tile the codes of 8..16 consecutive k for all 8 columns sit in one 32- or 48-byte unit, one 32-bit
+// word per column. One vector load then yields the codes of 8 columns, and a shift and a mask per k decode them, so
+// the kernel vectorises across the 8 columns: every output element is a plain sequential sum over k inside one
+// vector lane. That gives the batch-invariance the runtime needs for exact speculation: row m of y depends only on
+// row m of x, whatever M is and whatever the other rows hold, because rows never share a reduction or a quantisation.
+//
+// Per group g of a tile: acc += s * sum_k(q_k x_k) - (s z) * sum_k(x_k); the second sum is computed once per row and
+// group (row_group_sums), so the inner loop is decode + one FMA per row; the decode is shared by all rows of a call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace edge {
+
+struct QMatMulArgs {
+  const float* x = nullptr;  // M rows of ldx floats; columns K..Kp-1 are zero when Kp > K
+  int64_t ldx = 0;
+  int64_t M = 0, K = 0, N = 0;
+  int bits = 4;
+  int64_t group = 32;
+  int64_t Kp = 0;      // K rounded up to a multiple of group
+  int64_t G = 0;       // groups per column = Kp / group
+  int64_t tiles = 0;   // ceil(N / 8)
+  int64_t tile_bytes = 0;
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;       // (tiles, G, 8)
+  const uint8_t* zeros_u8 = nullptr;   // (tiles, G, 8), or
+  const float* zeros_f32 = nullptr;    // (tiles, G, 8), or neither: 2^(bits-1)
+  const float* bias = nullptr;         // (N,)
+  const uint16_t* outlier_values = nullptr;  // float16 (nnz,)
+  const int32_t* outlier_cols = nullptr;     // (nnz,)
+  const int32_t* outlier_rowptr = nullptr;   // (N + 1,)
+  int64_t outlier_nnz = 0;
+  const float* xq = nullptr;    // x as the vector kernels read it (see qmatmul_simd.h); x itself for 3-bit
+  const int32_t* xd = nullptr;  // VNNI kernel: per row and 8-k unit, 6 words of signed 8-bit digits (prepare_digits)
+  const float* xpow = nullptr;   // VNNI kernel: (M, G) power-of-two scale of each row's group
+  const float* xsum = nullptr;  // (M, G): per row and group sum of x, see row_group_sums
+  float* y = nullptr;           // (M, N)
+};
+
+// Layout constants shared with the Python packer.
+inline int unit_k(int bits) { return bits == 4 ? 8 : 16; }
+inline int unit_bytes(int bits) { return bits == 3 ? 48 : 32; }
+
+// Fill args.tile_bytes, Kp, G and tiles from K, N, bits and group.
+void finish_layout(QMatMulArgs& a);
+
+// Sums of x over each group, per row, in a fixed order (shared by every code path).
+void row_group_sums(const QMatMulArgs& a, float* out);
+
+// Add outliers and bias to the 8 dense results of one tile and row, and store the columns that exist.
+void finish_tile_row(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense8);
+
+// Compute tiles [t0, t1) for all rows. The AVX2 variant exists only when compiled on x86-64.
+void qmatmul_tiles_portable(const QMatMulArgs& a, int64_t t0, int64_t t1);
+void qmatmul_tiles_avx2(const QMatMulArgs& a, int64_t t0, int64_t t1);
+void qmatmul_tiles_avx512(const QMatMulArgs& a, int64_t t0, int64_t t1);
+void qmatmul_tiles_avx512vnni(const QMatMulArgs& a, int64_t t0, int64_t t1);  // 4-bit only
+void qmatmul_tiles_avxvnni(const QMatMulArgs& a, int64_t t0, int64_t t1);     // 4-bit only
+
+// For the VNNI kernel: x in block floating point per row and group (|x_int| <= 2^22 times a power of two, xpow),
+// written as three signed 8-bit digits in the order the kernel reads them; xsum receives the sums of the rounded x.
+// xd is (M, Kp/8, 6) int32, xpow and xsum are (M, G).
+void prepare_digits(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum);
+void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum);  // same output, faster
+
+// The activations the vector kernels read: code i of a packed word is decoded in place as q * 2^(bits*i), so x[k] is
+// scaled by 2^-(bits*i) (exact), except for the last code of a word, which is shifted down. out is (M, ldx).
+void prescale_x(const QMatMulArgs& a, float* out);
+
+// The variant chosen once at load time, the best the CPU runs: AVX-512 VNNI (4-bit; fp32 AVX-512 otherwise),
+// AVX-512F, AVX-VNNI (4-bit; fp32 AVX2 otherwise), AVX2+FMA, portable. EDGE_KERNELS_ISA=portable|avx2|avxvnni|
+// avx512|avx512vnni picks one the CPU supports instead (tests use it to compare the paths).
+using TilesFn = void (*)(const QMatMulArgs&, int64_t, int64_t);
+TilesFn select_tiles_fn(int bits);
+
+float half_to_float(uint16_t h);
+
+}  // namespace edge

@@ -1,0 +1,113 @@
+// AVX-512 VNNI instantiation of the integer 4-bit kernel (qmatmul_vnni.h), and the AVX-512 digit preparation.
+// Built with -mavx512f -mavx512vnni only; called only when the CPU has both.
+//
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include <cmath>
+#include <limits>
+
+#include "qmatmul_vnni.h"
+
+namespace edge {
+namespace {
+
+// One group of one row: scale, round, split into digits, and store them in the kernel's order (see prepare_digits).
+void group_digits(const float* x, int64_t group, int32_t* out, float* pow_out, float* sum_out) {
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  __m512 vmax = _mm512_setzero_ps();
+  __mmask16 bad = 0;
+  for (int64_t i = 0; i < group; i += 16) {
+    const __m512 v = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    bad |= _mm512_cmp_ps_mask(v, inf, _CMP_NLT_UQ);  // inf or nan
+    vmax = _mm512_max_ps(vmax, v);
+  }
+  const float amax = _mm512_reduce_max_ps(vmax);
+  if (bad != 0) {  // inf/nan in x: the row's outputs become NaN, as in fp32
+    for (int64_t i = 0; i < group / 8 * 6; ++i) out[i] = 0;
+    *pow_out = *sum_out = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  int e = 0;
+  if (amax > 0.0f) std::frexp(amax, &e);  // amax < 2^e
+  const int shift = 22 - e < 126 ? 22 - e : 126;  // |x * 2^shift| <= 2^22; tiny groups keep fewer bits
+  const __m512 mul = _mm512_set1_ps(std::ldexp(1.0f, shift));
+  // Bytes 0..15 of a 16-k block = digits of k0..k15; gather even then odd k of each 8-k unit.
+  const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  __m512i vsum = _mm512_setzero_si512();
+  for (int64_t i = 0; i < group; i += 16) {
+    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), mul));  // round to nearest even
+    vsum = _mm512_add_epi32(vsum, v);
+    const __m512i d0 = _mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24);
+    const __m512i v1 = _mm512_srai_epi32(_mm512_sub_epi32(v, d0), 8);
+    const __m512i d1 = _mm512_srai_epi32(_mm512_slli_epi32(v1, 24), 24);
+    const __m512i d2 = _mm512_srai_epi32(_mm512_sub_epi32(v1, d1), 8);
+    alignas(16) int32_t w[3][4];
+    _mm_store_si128(reinterpret_cast<__m128i*>(w[0]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(d0), order));
+    _mm_store_si128(reinterpret_cast<__m128i*>(w[1]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(d1), order));
+    _mm_store_si128(reinterpret_cast<__m128i*>(w[2]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(d2), order));
+    int32_t* unit = out + i / 8 * 6;  // two units: [even d0 d1 d2, odd d0 d1 d2] each
+    for (int u = 0; u < 2; ++u)
+      for (int p = 0; p < 2; ++p)
+        for (int j = 0; j < 3; ++j) unit[u * 6 + p * 3 + j] = w[j][u * 2 + p];
+  }
+  const float pow2 = std::ldexp(1.0f, -shift);
+  *pow_out = pow2;
+  *sum_out = static_cast<float>(_mm512_reduce_add_epi32(vsum)) * pow2;
+}
+
+}  // namespace
+
+void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
+  const int64_t units_total = a.Kp / 8;
+  for (int64_t m = 0; m < a.M; ++m)
+    for (int64_t g = 0; g < a.G; ++g)
+      group_digits(a.x + m * a.ldx + g * a.group, a.group, xd + (m * units_total + g * (a.group / 8)) * 6,
+                   xpow + m * a.G + g, xsum + m * a.G + g);
+}
+
+namespace {
+
+
+struct Avx512Vnni {
+  using F = __m512;
+  using I = __m512i;
+  static constexpr int kTiles = 2;
+  static I load_codes(const uint8_t* p, int64_t stride) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + stride));
+    return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+  }
+  static F load(const float* p, int64_t stride) {
+    const __m512d lo = _mm512_zextpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(p)));
+    return _mm512_castpd_ps(_mm512_insertf64x4(lo, _mm256_castps_pd(_mm256_loadu_ps(p + stride)), 1));
+  }
+  static F load_u8(const uint8_t* p, int64_t stride) {
+    const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + stride));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
+  }
+  static void store(float* out, F v) { _mm512_store_ps(out, v); }
+  static F zero() { return _mm512_setzero_ps(); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static I set1i(int v) { return _mm512_set1_epi32(v); }
+  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  template <int n>
+  static I srli(I v) { return _mm512_srli_epi32(v, n); }
+  template <int n>
+  static I slli(I v) { return _mm512_slli_epi32(v, n); }
+  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I dpbusd(I acc, I u8, I s8) { return _mm512_dpbusd_epi32(acc, u8, s8); }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+};
+
+}  // namespace
+
+void qmatmul_tiles_avx512vnni(const QMatMulArgs& a, int64_t t0, int64_t t1) { vnni::run_tiles<Avx512Vnni>(a, t0, t1); }
+
+}  // namespace edge
+#endif

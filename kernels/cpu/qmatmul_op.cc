@@ -1,0 +1,144 @@
+// Input binding and checks of edge.QMatMul, shared by every execution provider.
+#include "qmatmul_op.h"
+
+namespace edge {
+
+namespace {
+
+struct TensorView {
+  OrtValue* value = nullptr;  // null: optional input absent
+  int type = 0;
+  std::vector<int64_t> dims;
+  int64_t count = 0;
+  void* data = nullptr;
+};
+
+OrtStatus* describe(const OrtValue* value, TensorView* v) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  if (OrtStatus* st = g_ort.GetTensorTypeAndShape(value, &info)) return st;
+  size_t rank = 0, count = 0;
+  OrtStatus* st = g_ort.GetTensorElementType(info, &v->type);
+  if (st == nullptr) st = g_ort.GetDimensionsCount(info, &rank);
+  if (st == nullptr) {
+    v->dims.assign(rank, 0);
+    st = g_ort.GetDimensions(info, v->dims.data(), rank);
+  }
+  if (st == nullptr) st = g_ort.GetTensorShapeElementCount(info, &count);
+  g_ort.ReleaseTensorTypeAndShapeInfo(info);
+  v->count = static_cast<int64_t>(count);
+  return st;
+}
+
+OrtStatus* view_input(OrtKernelContext* ctx, size_t index, size_t count, TensorView* v) {
+  if (index >= count) return nullptr;
+  const OrtValue* value = nullptr;
+  if (OrtStatus* st = g_ort.KernelContext_GetInput(ctx, index, &value)) return st;
+  if (value == nullptr) return nullptr;
+  v->value = const_cast<OrtValue*>(value);
+  if (OrtStatus* st = describe(value, v)) return st;
+  return g_ort.GetTensorMutableData(v->value, &v->data);
+}
+
+const char* kInputNames[] = {"X", "codes", "scales", "zeros", "bias", "outlier_values", "outlier_cols",
+                             "outlier_row_ptr"};
+
+std::string type_error(size_t index, int got, const char* want) {
+  return std::string("input '") + kInputNames[index] + "' has element type " + std::to_string(got) + ", expected " +
+         want;
+}
+
+std::string size_error(size_t index, int64_t got, int64_t want, const std::string& why) {
+  return std::string("input '") + kInputNames[index] + "' has " + std::to_string(got) + " elements, expected " +
+         std::to_string(want) + " (" + why + "); pack weights with edge.kernels.pack";
+}
+
+std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) {
+  const TensorView& x = in[0];
+  if (x.type != kOrtFloat) return type_error(0, x.type, "float32");
+  if (x.dims.empty() || x.dims.back() != k.K)
+    return "input 'X' must have last dimension K=" + std::to_string(k.K);
+  if (in[1].type != kOrtUint8) return type_error(1, in[1].type, "uint8");
+  if (in[2].type != kOrtFloat) return type_error(2, in[2].type, "float32");
+  const std::string layout = "N=" + std::to_string(k.N) + ", K=" + std::to_string(k.K) + ", bits=" +
+                             std::to_string(k.bits) + ", group_size=" + std::to_string(k.group);
+  if (in[1].count != a.tiles * a.tile_bytes) return size_error(1, in[1].count, a.tiles * a.tile_bytes, layout);
+  const int64_t per_group = a.tiles * a.G * 8;
+  if (in[2].count != per_group) return size_error(2, in[2].count, per_group, layout);
+  if (in[3].value != nullptr) {
+    if (in[3].type != kOrtUint8 && in[3].type != kOrtFloat) return type_error(3, in[3].type, "uint8 or float32");
+    if (in[3].count != per_group) return size_error(3, in[3].count, per_group, layout);
+  }
+  if (in[4].value != nullptr) {
+    if (in[4].type != kOrtFloat) return type_error(4, in[4].type, "float32");
+    if (in[4].count != k.N) return size_error(4, in[4].count, k.N, "one bias per output column");
+  }
+  const int present = (in[5].value != nullptr) + (in[6].value != nullptr) + (in[7].value != nullptr);
+  if (present != 0 && present != 3) return "outliers need all three inputs: values, columns and row_ptr";
+  if (present == 3) {
+    if (in[5].type != kOrtFloat16) return type_error(5, in[5].type, "float16");
+    if (in[6].type != kOrtInt32) return type_error(6, in[6].type, "int32");
+    if (in[7].type != kOrtInt32) return type_error(7, in[7].type, "int32");
+    if (in[6].count != in[5].count) return size_error(6, in[6].count, in[5].count, "one column per outlier value");
+    if (in[7].count != k.N + 1) return size_error(7, in[7].count, k.N + 1, "CSR row pointer of N+1 entries");
+  }
+  return "";
+}
+
+}  // namespace
+
+OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTensors* out) {
+  size_t count = 0;
+  if (OrtStatus* st = g_ort.KernelContext_GetInputCount(ctx, &count)) return st;
+  TensorView in[8];
+  for (size_t i = 0; i < 8; ++i)
+    if (OrtStatus* st = view_input(ctx, i, count, &in[i])) return st;
+  if (in[0].value == nullptr || in[1].value == nullptr || in[2].value == nullptr)
+    return make_status(kOrtInvalidArgument, "edge.QMatMul: inputs X, codes and scales are required");
+  QMatMulArgs& a = out->args;
+  a.K = k.K;
+  a.N = k.N;
+  a.bits = k.bits;
+  a.group = k.group;
+  finish_layout(a);
+  if (std::string err = check(k, in, a); !err.empty()) return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
+  a.M = in[0].count / k.K;
+  a.x = static_cast<const float*>(in[0].data);
+  a.ldx = k.K;
+  a.codes = static_cast<const uint8_t*>(in[1].data);
+  a.scales = static_cast<const float*>(in[2].data);
+  if (in[3].value != nullptr) {
+    if (in[3].type == kOrtUint8) a.zeros_u8 = static_cast<const uint8_t*>(in[3].data);
+    else a.zeros_f32 = static_cast<const float*>(in[3].data);
+  }
+  if (in[4].value != nullptr) a.bias = static_cast<const float*>(in[4].data);
+  if (in[5].value != nullptr) {
+    a.outlier_values = static_cast<const uint16_t*>(in[5].data);
+    a.outlier_cols = static_cast<const int32_t*>(in[6].data);
+    a.outlier_rowptr = static_cast<const int32_t*>(in[7].data);
+    a.outlier_nnz = in[5].count;
+  }
+  out->out_dims = in[0].dims;
+  out->out_dims.back() = k.N;
+  OrtValue* y = nullptr;
+  if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 0, out->out_dims.data(), out->out_dims.size(), &y)) return st;
+  void* y_data = nullptr;
+  if (OrtStatus* st = g_ort.GetTensorMutableData(y, &y_data)) return st;
+  a.y = static_cast<float*>(y_data);
+  return nullptr;
+}
+
+std::string validate_outliers_host(const QMatMulArgs& a) {
+  if (a.outlier_rowptr == nullptr) return "";
+  const int32_t* rp = a.outlier_rowptr;
+  if (rp[0] != 0) return "outlier_row_ptr must start at 0";
+  for (int64_t n = 0; n < a.N; ++n)
+    if (rp[n + 1] < rp[n]) return "outlier_row_ptr must not decrease (at row " + std::to_string(n) + ")";
+  const int64_t nnz = a.outlier_nnz;
+  if (rp[a.N] != nnz) return "outlier_row_ptr must end at the number of outliers (" + std::to_string(nnz) + ")";
+  for (int64_t e = 0; e < nnz; ++e)
+    if (a.outlier_cols[e] < 0 || a.outlier_cols[e] >= a.K)
+      return "outlier column " + std::to_string(a.outlier_cols[e]) + " is outside [0, K)";
+  return "";
+}
+
+}  // namespace edge

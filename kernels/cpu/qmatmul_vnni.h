@@ -1,0 +1,110 @@
+// The integer (VNNI) kernel of edge.QMatMul for 4-bit codes, written once over vector traits V and instantiated for
+// AVX-512 VNNI (16 lanes = 2 tiles, qmatmul_avx512vnni.cc) and AVX-VNNI (8 lanes = 1 tile, qmatmul_avxvnni.cc).
+//
+// Why: in fp32 every weight costs a convert and an FMA per row. Here each row's x is put, per group, in block
+// floating point: a power of two (xpow) times integers |x_int| <= 2^22, stored as three signed 8-bit digits
+// (x_int = d0 + 2^8 d1 + 2^16 d2, see prepare_digits). One vpdpbusd multiplies 4 codes by 4 digits per lane and the
+// integer sums are exact; every 32 k the three digit sums are combined exactly in int32 and converted to float once.
+// Row m's result depends only on row m of x (its own scales, a fixed flush order), so batch-invariance holds as in
+// the fp32 kernels, and both instantiations perform the same per-lane operations (bitwise equal results). The only
+// approximation is x rounded to 23 significant bits relative to the largest |x| of its group.
+//
+// Bounds: per flush |S0|,|S1| <= 32*15*128 and |S2| <= 32*15*65, so |S0 + 2^8 S1 + 2^16 S2| < 2^31.
+// Include only from the VNNI translation units.
+#pragma once
+
+#include "qmatmul.h"
+
+namespace edge {
+namespace vnni {
+
+constexpr int kFlushUnits = 4;  // 4 units of 8 k = 32 k per exact integer block
+
+template <class V>
+inline typename V::F zeros(const QMatMulArgs& a, int64_t at, int64_t stride) {
+  if (a.zeros_u8 != nullptr) return V::load_u8(a.zeros_u8 + at, stride);
+  if (a.zeros_f32 != nullptr) return V::load(a.zeros_f32 + at, stride);
+  return V::set1(8.0f);
+}
+
+// Rows [m0, m0 + R) of tiles t and t + 1, or of tile t alone (pair = false: both halves read tile t).
+template <class V, int R>
+void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
+  using F = typename V::F;
+  using I = typename V::I;
+  const int64_t units_per_group = a.group / 8;
+  const int64_t units_total = a.Kp / 8;
+  const uint8_t* unit = a.codes + t * a.tile_bytes;
+  const int64_t group_stride = pair ? a.G * 8 : 0;
+  const int64_t tile_stride = pair ? a.tile_bytes : 0;
+  const I nibbles = V::set1i(0x0F0F0F0F);
+  const int32_t* xd[R];
+  for (int r = 0; r < R; ++r) xd[r] = a.xd + (m0 + r) * units_total * 6;
+  F acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::zero();
+  for (int64_t g = 0; g < a.G; ++g) {
+    F accg[R];
+    for (int r = 0; r < R; ++r) accg[r] = V::zero();
+    for (int64_t u0 = 0; u0 < units_per_group; u0 += kFlushUnits) {
+      const int64_t flush = units_per_group - u0 < kFlushUnits ? units_per_group - u0 : kFlushUnits;
+      I s0[R], s1[R], s2[R];
+      for (int r = 0; r < R; ++r) s0[r] = s1[r] = s2[r] = V::set1i(0);
+      for (int64_t u = 0; u < flush; ++u, unit += 32) {
+        const I w = V::load_codes(unit, tile_stride);
+        const I even = V::and_(w, nibbles);
+        const I odd = V::and_(V::template srli<4>(w), nibbles);
+        const int64_t uu = g * units_per_group + u0 + u;
+        for (int r = 0; r < R; ++r) {
+          const int32_t* d = xd[r] + uu * 6;
+          s0[r] = V::dpbusd(s0[r], even, V::set1i(d[0]));
+          s1[r] = V::dpbusd(s1[r], even, V::set1i(d[1]));
+          s2[r] = V::dpbusd(s2[r], even, V::set1i(d[2]));
+          s0[r] = V::dpbusd(s0[r], odd, V::set1i(d[3]));
+          s1[r] = V::dpbusd(s1[r], odd, V::set1i(d[4]));
+          s2[r] = V::dpbusd(s2[r], odd, V::set1i(d[5]));
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const I total = V::add_i(s0[r], V::add_i(V::template slli<8>(s1[r]), V::template slli<16>(s2[r])));
+        accg[r] = V::add(accg[r], V::cvt(total));
+      }
+    }
+    const int64_t at = (t * a.G + g) * 8;
+    const F s = V::load(a.scales + at, group_stride);
+    const F sz = V::mul(s, zeros<V>(a, at, group_stride));
+    for (int r = 0; r < R; ++r) {
+      const int64_t mg = (m0 + r) * a.G + g;
+      acc[r] = V::fmadd(accg[r], V::mul(s, V::set1(a.xpow[mg])), acc[r]);
+      acc[r] = V::fnmadd(sz, V::set1(a.xsum[mg]), acc[r]);
+    }
+  }
+  alignas(64) float out[8 * V::kTiles];
+  for (int r = 0; r < R; ++r) {
+    V::store(out, acc[r]);
+    finish_tile_row(a, m0 + r, t, out);
+    if (V::kTiles == 2 && pair) finish_tile_row(a, m0 + r, t + 1, out + 8);
+  }
+}
+
+template <class V>
+void tile_all_rows(const QMatMulArgs& a, int64_t t, bool pair) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= a.M; m0 += 4) tile_rows<V, 4>(a, t, m0, pair);
+  switch (a.M - m0) {
+    case 1: tile_rows<V, 1>(a, t, m0, pair); break;
+    case 2: tile_rows<V, 2>(a, t, m0, pair); break;
+    case 3: tile_rows<V, 3>(a, t, m0, pair); break;
+    default: break;
+  }
+}
+
+// Tiles [t0, t1); with two tiles per vector an odd last tile reads itself twice and keeps the lower half.
+template <class V>
+void run_tiles(const QMatMulArgs& a, int64_t t0, int64_t t1) {
+  int64_t t = t0;
+  for (; t + V::kTiles <= t1; t += V::kTiles) tile_all_rows<V>(a, t, true);
+  if (t < t1) tile_all_rows<V>(a, t, false);
+}
+
+}  // namespace vnni
+}  // namespace edge

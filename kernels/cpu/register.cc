@@ -1,0 +1,248 @@
+// RegisterCustomOps, the entry point ORT calls: binds the OrtApi slots, self-checks them, and registers edge.QMatMul
+// in domain "edge" for the CPU (and, in the CUDA build, the same op for CUDAExecutionProvider).
+//
+// Inputs of edge.QMatMul (attributes K, N, bits, group_size):
+//   0 X        float32 (..., K)
+//   1 codes    uint8, the packed codes (any shape; only the byte count is checked)
+//   2 scales   float32, (ceil(N/8), Kp/group, 8)
+//   3 zeros    optional, uint8 or float32, same shape as scales (absent: 2^(bits-1))
+//   4 bias     optional, float32 (N,)
+//   5-7        optional CSR outliers added to W: values float16 (nnz,), columns int32 (nnz,), row_ptr int32 (N+1,)
+// Output Y float32 (..., N).
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ort_api.h"
+#include "qmatmul.h"
+#include "qmatmul_op.h"
+
+namespace edge {
+
+namespace {
+
+constexpr size_t kNumInputs = 8;
+
+int input_type(const OrtCustomOp*, size_t index) {
+  switch (index) {
+    case 0: case 2: case 4: return kOrtFloat;
+    case 1: return kOrtUint8;
+    case 3: return kOrtUndefined;  // uint8 or float32
+    case 5: return kOrtFloat16;
+    default: return kOrtInt32;
+  }
+}
+size_t input_count(const OrtCustomOp*) { return kNumInputs; }
+int output_type(const OrtCustomOp*, size_t) { return kOrtFloat; }
+size_t output_count(const OrtCustomOp*) { return 1; }
+int input_characteristic(const OrtCustomOp*, size_t index) { return index < 3 ? kOrtRequired : kOrtOptional; }
+int output_characteristic(const OrtCustomOp*, size_t) { return kOrtRequired; }
+int memory_type_default(const OrtCustomOp*, size_t) { return 0; }
+int variadic_zero(const OrtCustomOp*) { return 0; }
+const char* op_name(const OrtCustomOp*) { return "QMatMul"; }
+const char* cpu_provider(const OrtCustomOp*) { return nullptr; }
+
+OrtStatus* read_attr(const OrtKernelInfo* info, const char* name, int64_t* out) {
+  OrtStatus* st = g_ort.KernelInfoGetAttribute_int64(info, name, out);
+  if (st == nullptr) return nullptr;
+  g_ort.ReleaseStatus(st);
+  return make_status(kOrtInvalidArgument, std::string("edge.QMatMul: missing int attribute '") + name + "'");
+}
+
+OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
+  auto* k = new QMatMulKernel();
+  int64_t bits = 0;
+  OrtStatus* st = read_attr(info, "K", &k->K);
+  if (st == nullptr) st = read_attr(info, "N", &k->N);
+  if (st == nullptr) st = read_attr(info, "bits", &bits);
+  if (st == nullptr) st = read_attr(info, "group_size", &k->group);
+  k->bits = static_cast<int>(bits);
+  if (st == nullptr) {
+    std::string err;
+    if (k->K <= 0 || k->N <= 0) err = "K and N must be positive";
+    else if (bits != 2 && bits != 3 && bits != 4) err = "bits must be 2, 3 or 4, got " + std::to_string(bits);
+    else if (k->group < 16 || k->group > 128 || k->group % 16 != 0)
+      err = "group_size must be a multiple of 16 in 16..128, got " + std::to_string(k->group);
+    if (!err.empty()) st = make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
+  }
+  if (st != nullptr) {
+    delete k;
+    return st;
+  }
+  *kernel = k;
+  return nullptr;
+}
+
+void* create_kernel_v1(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info) {
+  void* kernel = nullptr;
+  OrtStatus* st = create_kernel(op, api, info, &kernel);
+  if (st != nullptr) g_ort.ReleaseStatus(st);
+  return kernel;
+}
+
+void destroy_kernel(void* kernel) { delete static_cast<QMatMulKernel*>(kernel); }
+
+// Work split for ParallelFor: contiguous ranges of tiles; a tile's result never depends on the split.
+struct TileJob {
+  const QMatMulArgs* args;
+  TilesFn fn;
+  int64_t chunks;
+};
+
+void run_chunk(void* user, size_t index) {
+  const auto* job = static_cast<const TileJob*>(user);
+  // Chunk borders fall on even tiles, so the AVX-512 kernel (two tiles per vector) rarely gets an odd remainder.
+  const int64_t pairs = (job->args->tiles + 1) / 2;
+  const int64_t i = static_cast<int64_t>(index);
+  const int64_t t0 = 2 * (pairs * i / job->chunks);
+  const int64_t t1 = std::min<int64_t>(2 * (pairs * (i + 1) / job->chunks), job->args->tiles);
+  if (t0 < t1) job->fn(*job->args, t0, t1);
+}
+
+// Per-call activation buffers: zero-padded rows when the last group is partial, the per-group row sums, and what
+// the chosen kernel reads (prescaled x, or digits for VNNI). Kept per calling thread and reused: no malloc per call.
+void prepare_activations(QMatMulArgs& a, TilesFn fn) {
+  thread_local std::vector<float> scratch;
+  const bool pad = a.Kp != a.K, digits = fn == qmatmul_tiles_avx512vnni || fn == qmatmul_tiles_avxvnni;
+  const bool prescale = fn != qmatmul_tiles_portable && !digits && a.bits != 3;
+  const size_t rows = static_cast<size_t>(a.M), kp = static_cast<size_t>(a.Kp), g = static_cast<size_t>(a.G);
+  // Digits take 6 int32 per 8 k, i.e. 0.75 floats per k.
+  const size_t x_floats = digits ? rows * kp * 3 / 4 + rows * g : (prescale ? rows * kp : 0);
+  scratch.resize((pad ? rows * kp : 0) + rows * g + x_floats);
+  float* next = scratch.data();
+  if (pad) {
+    for (int64_t m = 0; m < a.M; ++m) {
+      std::memcpy(next + m * a.Kp, a.x + m * a.K, a.K * sizeof(float));
+      std::memset(next + m * a.Kp + a.K, 0, (a.Kp - a.K) * sizeof(float));
+    }
+    a.x = next;
+    a.ldx = a.Kp;
+    next += rows * kp;
+  }
+  a.xsum = next;
+  float* xsum = next;
+  next += rows * g;
+  a.xq = a.x;
+  if (digits) {
+    static_assert(sizeof(float) == sizeof(int32_t), "digits share the float scratch");
+    auto* xd = reinterpret_cast<int32_t*>(next);
+    float* xpow = next + rows * kp * 3 / 4;
+    (fn == qmatmul_tiles_avx512vnni ? prepare_digits_avx512 : prepare_digits)(a, xd, xpow, xsum);
+    a.xd = xd;
+    a.xpow = xpow;
+    return;
+  }
+  row_group_sums(a, xsum);
+  if (prescale) {
+    prescale_x(a, next);
+    a.xq = next;
+  }
+}
+
+OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
+  const auto* k = static_cast<const QMatMulKernel*>(kernel);
+  BoundTensors t;
+  if (OrtStatus* st = bind_tensors(*k, ctx, &t)) return st;
+  QMatMulArgs& a = t.args;
+  if (a.M == 0) return nullptr;
+  if (std::string err = validate_outliers_host(a); !err.empty())
+    return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
+  TileJob job{&a, select_tiles_fn(a.bits), 1};
+  prepare_activations(a, job.fn);
+
+  const int64_t work = a.M * a.Kp * a.tiles * 8;
+  if (work >= (int64_t{1} << 17) && a.tiles >= 4) job.chunks = std::min<int64_t>(a.tiles / 2, 8);
+  if (job.chunks > 1) {
+    if (OrtStatus* st = g_ort.KernelContext_ParallelFor(ctx, run_chunk, static_cast<size_t>(job.chunks), 0, &job))
+      return st;
+  } else {
+    run_chunk(&job, 0);
+  }
+  return nullptr;
+}
+
+void compute_v1(void* kernel, OrtKernelContext* ctx) {
+  OrtStatus* st = compute_cpu(kernel, ctx);
+  if (st != nullptr) g_ort.ReleaseStatus(st);
+}
+
+}  // namespace
+
+OrtCustomOp make_qmatmul_op(const char* (*provider)(const OrtCustomOp*),
+                            OrtStatus* (*compute)(void*, OrtKernelContext*),
+                            void (*compute_v1_fn)(void*, OrtKernelContext*)) {
+  OrtCustomOp op;
+  std::memset(&op, 0, sizeof op);
+  op.version = kEdgeOrtApiVersion;
+  op.CreateKernel = create_kernel_v1;
+  op.GetName = op_name;
+  op.GetExecutionProviderType = provider;
+  op.GetInputType = input_type;
+  op.GetInputTypeCount = input_count;
+  op.GetOutputType = output_type;
+  op.GetOutputTypeCount = output_count;
+  op.KernelCompute = compute_v1_fn;
+  op.KernelDestroy = destroy_kernel;
+  op.GetInputCharacteristic = input_characteristic;
+  op.GetOutputCharacteristic = output_characteristic;
+  op.GetInputMemoryType = memory_type_default;
+  op.GetVariadicInputMinArity = variadic_zero;
+  op.GetVariadicInputHomogeneity = variadic_zero;
+  op.GetVariadicOutputMinArity = variadic_zero;
+  op.GetVariadicOutputHomogeneity = variadic_zero;
+  op.CreateKernelV2 = create_kernel;
+  op.KernelComputeV2 = compute;
+  return op;
+}
+
+namespace {
+
+// Static storage: ORT keeps pointers to the ops for the life of every session.
+OrtCustomOp g_cpu_op = make_qmatmul_op(cpu_provider, compute_cpu, compute_v1);
+
+OrtStatus* add_ops(OrtSessionOptions* options) {
+  OrtCustomOpDomain* domain = nullptr;
+  if (OrtStatus* st = g_ort.CreateCustomOpDomain("edge", &domain)) return st;
+  OrtStatus* st = g_ort.CustomOpDomain_Add(domain, &g_cpu_op);
+#ifdef EDGE_WITH_CUDA
+  if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cuda_op());
+#endif
+  if (st == nullptr) st = g_ort.AddCustomOpDomain(options, domain);
+  // The domain must outlive the sessions using it; ORT does not take ownership, so it is intentionally not released.
+  return st;
+}
+
+}  // namespace
+
+}  // namespace edge
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
+                                                                                  const OrtApiBase* base) {
+  using namespace edge;
+  if (base == nullptr || base->GetApi == nullptr) return nullptr;  // cannot even report: nothing to register with
+  if (!bind_api(base->GetApi(kEdgeOrtApiVersion))) {
+    // Too old a runtime for API 17: version 1 of the table still has CreateStatus at slot 0 to say so.
+    const OrtApi* v1 = base->GetApi(1);
+    if (v1 == nullptr) return nullptr;
+    auto create_status = reinterpret_cast<OrtStatus* (*)(int, const char*)>(reinterpret_cast<void* const*>(v1)[0]);
+    return create_status(kOrtFail, "edge kernels need onnxruntime>=1.28 (C API version 17); upgrade onnxruntime.");
+  }
+  const std::string err = self_check();
+  if (!err.empty())
+    return make_status(kOrtFail, "edge kernels: ONNX Runtime ABI self-check failed (" + err +
+                                     "); this onnxruntime build does not match the library's declarations. "
+                                     "Reinstall edge against onnxruntime>=1.28, or run without edge kernels.");
+  return add_ops(options);
+}
+
+// Which CPU kernel this process uses for `bits` ("avx512vnni", "avx512", "avxvnni", "avx2" or "portable"); for
+// diagnostics and benchmark reports (edge.kernels.library.kernel_isa).
+extern "C" __attribute__((visibility("default"))) const char* EdgeKernelsIsa(int bits) {
+  const edge::TilesFn fn = edge::select_tiles_fn(bits);
+  if (fn == edge::qmatmul_tiles_avx512vnni) return "avx512vnni";
+  if (fn == edge::qmatmul_tiles_avxvnni) return "avxvnni";
+  if (fn == edge::qmatmul_tiles_avx512) return "avx512";
+  if (fn == edge::qmatmul_tiles_avx2) return "avx2";
+  return "portable";
+}

@@ -1,0 +1,34 @@
+// The CUDAExecutionProvider registration of edge.QMatMul: same name, inputs and attributes as the CPU op, inputs and
+// output in device memory, work queued on ORT's compute stream (OrtApi slot 193).
+#include "qmatmul_cuda.h"
+#include "qmatmul_op.h"
+
+namespace edge {
+
+namespace {
+
+const char* cuda_provider(const OrtCustomOp*) { return "CUDAExecutionProvider"; }
+
+OrtStatus* compute_cuda(void* kernel, OrtKernelContext* ctx) {
+  const auto* k = static_cast<const QMatMulKernel*>(kernel);
+  BoundTensors t;
+  if (OrtStatus* st = bind_tensors(*k, ctx, &t)) return st;
+  if (t.args.M == 0) return nullptr;
+  void* stream = nullptr;
+  if (OrtStatus* st = g_ort.KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
+  // Outlier indices live on the device and are not range-checked here (the CPU op checks them).
+  const std::string err = launch_qmatmul_cuda(t.args, stream);
+  return err.empty() ? nullptr : make_status(kOrtRuntimeException, "edge.QMatMul (CUDA): " + err);
+}
+
+void compute_cuda_v1(void* kernel, OrtKernelContext* ctx) {
+  if (OrtStatus* st = compute_cuda(kernel, ctx)) g_ort.ReleaseStatus(st);
+}
+
+OrtCustomOp g_cuda_op = make_qmatmul_op(cuda_provider, compute_cuda, compute_cuda_v1);
+
+}  // namespace
+
+const OrtCustomOp* cuda_op() { return &g_cuda_op; }
+
+}  // namespace edge

@@ -1,0 +1,54 @@
+"""ONNX nodes and single-op models for edge.QMatMul (used by the exporter, the tests and the benchmark)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from edge.kernels.library import DOMAIN, OP_TYPE
+from edge.kernels.pack import PackedWeight
+
+IR_VERSION = 10  # onnxruntime 1.31 rejects the IR 14 that onnx 1.23 writes by default
+OPSET = 21
+INPUT_SUFFIXES = ("codes", "scales", "zeros", "bias", "outlier_values", "outlier_cols", "outlier_row_ptr")
+
+
+def qmatmul_node(x: str, y: str, packed: PackedWeight, prefix: str, has_bias: bool = False) -> onnx.NodeProto:
+    """An edge.QMatMul node reading tensors named f"{prefix}.{suffix}" (absent optional inputs become "")."""
+    present = [a is not None for a in packed.inputs()]
+    present[3] = has_bias
+    names = [f"{prefix}.{s}" if p else "" for s, p in zip(INPUT_SUFFIXES, present)]
+    while names and names[-1] == "":
+        names.pop()
+    return helper.make_node(OP_TYPE, [x, *names], [y], domain=DOMAIN, name=f"{prefix}.qmatmul", **packed.attributes())
+
+
+def qmatmul_tensors(packed: PackedWeight, prefix: str, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The node's weight tensors by name (to store as initializers or feed as inputs)."""
+    arrays = packed.inputs()
+    arrays[3] = None if bias is None else np.asarray(bias, dtype=np.float32)
+    return {f"{prefix}.{s}": a for s, a in zip(INPUT_SUFFIXES, arrays) if a is not None}
+
+
+def _value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(array.dtype), list(array.shape))
+
+
+def qmatmul_model(packed: PackedWeight, x_shape: list[int | str], bias: np.ndarray | None = None,
+                  weights_as_inputs: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A one-node model Y = QMatMul(X); returns it and the weight feeds (empty when weights are initializers)."""
+    tensors = qmatmul_tensors(packed, "w", bias)
+    node = qmatmul_node("X", "Y", packed, "w", has_bias=bias is not None)
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)]
+    out_shape = [*x_shape[:-1], packed.n]
+    initializers = []
+    if weights_as_inputs:
+        inputs += [_value_info(name, a) for name, a in tensors.items()]
+    else:
+        initializers = [numpy_helper.from_array(a, name) for name, a in tensors.items()]
+    graph = helper.make_graph([node], "edge_qmatmul", inputs,
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape)], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
+                              ir_version=IR_VERSION)
+    return model, (tensors if weights_as_inputs else {})

@@ -1,0 +1,74 @@
+"""Finding and registering edge's custom-op library with an onnxruntime SessionOptions.
+
+The library is optional: it is built by the package's install step when a C++ compiler exists (kernels/build.py).
+Graphs exported with stock ops never need it; a graph that uses edge.QMatMul calls register() and gets a clear
+error naming what to install when the library is missing or does not match the runtime.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Any
+
+from edge.errors import EdgeError
+
+HERE = Path(__file__).resolve().parent
+CPU_LIBRARY = "libedge_kernels.so"
+CUDA_LIBRARY = "libedge_kernels_cuda.so"
+DOMAIN = "edge"
+OP_TYPE = "QMatMul"
+ENV_LIBRARY = "EDGE_KERNELS_LIBRARY"  # override: an explicit path (tests use a missing one)
+
+
+class KernelLibraryError(EdgeError):
+    """edge's custom-op library is missing or could not be registered with onnxruntime."""
+
+
+def library_path(cuda: bool = False) -> Path | None:
+    """The built library, or None when it was not built (no compiler at install time).
+
+    cuda=True asks for the CUDA build (which also carries the CPU op); it falls back to the CPU library when the CUDA
+    one was not built, since a model must load anywhere.
+    """
+    override = os.environ.get(ENV_LIBRARY)
+    if override:
+        path = Path(override)
+        return path if path.is_file() else None
+    names = (CUDA_LIBRARY, CPU_LIBRARY) if cuda else (CPU_LIBRARY,)
+    return next((HERE / name for name in names if (HERE / name).is_file()), None)
+
+
+def register(session_options: Any, cuda: bool = False) -> Path:
+    """Register edge's ops (domain "edge") with an onnxruntime.SessionOptions; returns the library used.
+
+    Pass cuda=True for sessions on CUDAExecutionProvider (needs onnxruntime-gpu, whose CUDA 13 runtime libraries
+    must be loaded first: onnxruntime.preload_dlls()).
+    """
+    path = library_path(cuda)
+    if path is None:
+        raise KernelLibraryError(
+            "this model uses edge's custom kernels (edge.QMatMul) but the kernel library is not built. Install a C++ "
+            "compiler (Debian/Ubuntu: `apt-get install g++`) and reinstall edge (`pip install -e .`), or build it in "
+            "place with `python -m edge.kernels.build`; alternatively export the model with stock ops "
+            "(--kernels stock).")
+    try:
+        session_options.register_custom_ops_library(str(path))
+    except Exception as exc:  # onnxruntime raises its own Fail/RuntimeException types
+        raise KernelLibraryError(
+            f"onnxruntime could not register edge's kernel library {path}: {exc}. Rebuild it against the installed "
+            "onnxruntime (`python -m edge.kernels.build`; onnxruntime>=1.28 is required), or export with "
+            "--kernels stock.") from exc
+    return path
+
+
+def kernel_isa(bits: int = 4) -> str | None:
+    """The CPU kernel edge.QMatMul uses in this process for `bits` ("avx512vnni", "avx512", "avx2", "portable"),
+    or None without a library. Honours EDGE_KERNELS_ISA like the op itself."""
+    path = library_path()
+    if path is None:
+        return None
+    fn = ctypes.CDLL(str(path)).EdgeKernelsIsa
+    fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int]
+    return fn(bits).decode()

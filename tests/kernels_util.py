@@ -1,0 +1,73 @@
+"""Shared helpers for the edge.kernels tests: the built library, sessions for one-node QMatMul models, poisoned runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+import edge.kernels as ek
+from edge.kernels.build import build_cpu
+from edge.kernels.graph import qmatmul_model
+
+
+def ensure_library() -> None:
+    """Build the CPU library in place when the install step did not (e.g. a fresh checkout)."""
+    if ek.library_path() is None:
+        build_cpu(log=lambda _line: None)
+
+
+def make_weight(rng: np.random.Generator, n: int, k: int, bits: int, group: int, zeros: str = "uint8",
+                outliers: int = 0) -> tuple[ek.PackedWeight, np.ndarray]:
+    """Random codes/scales/zeros (and outliers) packed; returns the packed weight and its float64 W."""
+    groups = -(-k // group)
+    codes = rng.integers(0, 1 << bits, size=(n, k)).astype(np.uint8)
+    scales = rng.uniform(0.01, 0.1, size=(n, groups)).astype(np.float32)
+    z = None
+    if zeros == "uint8":
+        z = rng.integers(0, 1 << bits, size=(n, groups)).astype(np.uint8)
+    elif zeros == "float32":
+        z = rng.uniform(0, (1 << bits) - 1, size=(n, groups)).astype(np.float32)
+    o = None
+    if outliers:
+        o = ek.make_outliers(n, k, rng.integers(0, n, outliers), rng.integers(0, k, outliers),
+                             rng.standard_normal(outliers).astype(np.float16))
+    packed = ek.pack(codes, scales, z, bits=bits, group_size=group, outliers=o)
+    return packed, ek.dequantize(packed, codes)
+
+
+class QMatMulRunner:
+    """One session of a one-node QMatMul model, run through IOBinding with an output pre-filled with NaN."""
+
+    def __init__(self, packed: ek.PackedWeight, bias: np.ndarray | None = None, weights_as_inputs: bool = False,
+                 rank3: bool = False, threads: int = 2):
+        ensure_library()
+        x_shape = [1, "M", packed.k] if rank3 else ["M", packed.k]
+        model, self.feeds = qmatmul_model(packed, x_shape, bias, weights_as_inputs)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        ek.register(so)
+        self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.n = packed.n
+        self.weights = {name: ort.OrtValue.ortvalue_from_numpy(a) for name, a in self.feeds.items()}
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        io = self.sess.io_binding()
+        io.bind_ortvalue_input("X", ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
+        for name, value in self.weights.items():
+            io.bind_ortvalue_input(name, value)
+        out = np.full((*x.shape[:-1], self.n), np.nan, dtype=np.float32)
+        y = ort.OrtValue.ortvalue_from_numpy(out)  # wraps `out` without a copy; `out` must outlive it
+        io.bind_ortvalue_output("Y", y)
+        self.sess.run_with_iobinding(io)
+        assert out.size == 0 or y.data_ptr() == out.ctypes.data, "onnxruntime did not write into the bound output"
+        return out
+
+
+def assert_close_to_reference(y: np.ndarray, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+                              rtol: float = 1e-5) -> None:
+    """Each element within rtol of the float64 result, relative to its magnitude bound sum_k |x_k w_k| (+|bias|)."""
+    ref = ek.reference(x, w, bias)
+    bound = np.abs(x.astype(np.float64)) @ np.abs(w).T + (0 if bias is None else np.abs(bias))
+    assert np.isfinite(y).all(), "output left unwritten (NaN poison survived)"
+    err = np.abs(y - ref) / np.maximum(bound, 1e-30)
+    assert err.max() < rtol, f"max relative error {err.max():.3g}"

@@ -1,0 +1,208 @@
+"""edge.QMatMul numerics on the CPU: float64 reference, weights as inputs, batch invariance, shapes, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from edge.kernels.graph import qmatmul_model
+from kernels_util import QMatMulRunner, assert_close_to_reference, ensure_library, make_weight
+
+ROWS = (1, 2, 3, 8, 17, 64)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("group", [16, 32, 64, 128])
+@pytest.mark.parametrize("outliers", [0, 40])
+def test_matches_float64_reference(bits: int, group: int, outliers: int) -> None:
+    # N=45 leaves a partial tile (and an odd tile count), K=200 a partial last group for every group size but 16/...
+    rng = np.random.default_rng(1000 * bits + group + outliers)
+    k = 200 if group != 16 else 208
+    packed, w = make_weight(rng, 45, k, bits, group, zeros="uint8", outliers=outliers)
+    bias = rng.standard_normal(45).astype(np.float32)
+    run = QMatMulRunner(packed, bias)
+    for m in ROWS:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        assert_close_to_reference(run(x), x, w, bias)
+
+
+@pytest.mark.parametrize("zeros", ["none", "float32"])
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_zero_point_kinds(bits: int, zeros: str) -> None:
+    rng = np.random.default_rng(bits)
+    packed, w = make_weight(rng, 24, 96, bits, 32, zeros=zeros)
+    run = QMatMulRunner(packed)
+    for m in (1, 5):
+        x = rng.standard_normal((m, 96)).astype(np.float32)
+        assert_close_to_reference(run(x), x, w, None)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_weights_as_inputs_equal_constant_bitwise(bits: int) -> None:
+    rng = np.random.default_rng(7 + bits)
+    packed, _ = make_weight(rng, 40, 160, bits, 32, outliers=10)
+    bias = rng.standard_normal(40).astype(np.float32)
+    const, fed = QMatMulRunner(packed, bias), QMatMulRunner(packed, bias, weights_as_inputs=True)
+    assert fed.feeds, "the fed model must take its weights as graph inputs"
+    for m in (1, 8, 17):
+        x = rng.standard_normal((m, 160)).astype(np.float32)
+        np.testing.assert_array_equal(const(x), fed(x))
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_batch_invariance(bits: int) -> None:
+    """Row i of an M-row call is bitwise the M=1 result for that row, for any M and any other rows."""
+    rng = np.random.default_rng(11 + bits)
+    packed, _ = make_weight(rng, 72, 192, bits, 32, outliers=20)
+    run = QMatMulRunner(packed, rng.standard_normal(72).astype(np.float32))
+    x = rng.standard_normal((64, 192)).astype(np.float32)
+    singles = np.concatenate([run(x[i : i + 1]) for i in range(64)])
+    for m in (2, 3, 8, 9, 17, 64):
+        np.testing.assert_array_equal(run(x[:m]), singles[:m])
+    other = rng.standard_normal((8, 192)).astype(np.float32)
+    other[3] = x[5]
+    np.testing.assert_array_equal(run(other)[3], singles[5])
+
+
+def test_rank3_input_and_single_thread_match() -> None:
+    rng = np.random.default_rng(3)
+    packed, w = make_weight(rng, 64, 128, 4, 32)
+    x = rng.standard_normal((1, 6, 128)).astype(np.float32)
+    y3 = QMatMulRunner(packed, rank3=True)(x)
+    assert y3.shape == (1, 6, 64)
+    np.testing.assert_array_equal(y3[0], QMatMulRunner(packed, threads=1)(x[0]))
+    assert_close_to_reference(y3[0], x[0], w, None)
+
+
+def test_large_call_uses_threads_and_stays_exact() -> None:
+    """A call big enough to be split across threads gives the same bits as a single-threaded session."""
+    rng = np.random.default_rng(5)
+    packed, w = make_weight(rng, 1000, 576, 4, 32)
+    x = rng.standard_normal((4, 576)).astype(np.float32)
+    y2 = QMatMulRunner(packed, threads=2)(x)
+    np.testing.assert_array_equal(y2, QMatMulRunner(packed, threads=1)(x))
+    assert_close_to_reference(y2, x, w, None)
+
+
+def test_empty_batch() -> None:
+    packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32)
+    assert QMatMulRunner(packed)(np.zeros((0, 64), np.float32)).shape == (0, 16)
+
+
+def _session_with_free_weight_shapes(packed) -> ort.InferenceSession:
+    """Weights as graph inputs of unknown shape, so wrong sizes reach the kernel's own checks."""
+    import edge.kernels as ek
+
+    ensure_library()
+    model, _ = qmatmul_model(packed, ["M", packed.k], weights_as_inputs=True)
+    for value in model.graph.input[1:]:
+        value.type.tensor_type.ClearField("shape")
+    so = ort.SessionOptions()
+    ek.register(so)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _feeds(packed) -> dict[str, np.ndarray]:
+    from edge.kernels.graph import qmatmul_tensors
+
+    return {"X": np.ones((1, packed.k), np.float32), **qmatmul_tensors(packed, "w")}
+
+
+def test_wrong_scales_size_is_a_clear_error() -> None:
+    packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32)
+    feeds = _feeds(packed)
+    feeds["w.scales"] = np.ones(3, np.float32)
+    with pytest.raises(Exception, match=r"input 'scales' has 3 elements, expected 32"):
+        _session_with_free_weight_shapes(packed).run(None, feeds)
+
+
+def test_bad_outliers_are_a_clear_error() -> None:
+    packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32, outliers=3)
+    sess = _session_with_free_weight_shapes(packed)
+    feeds = _feeds(packed)
+    feeds["w.outlier_cols"] = np.array([0, 1, 64], np.int32)
+    with pytest.raises(Exception, match=r"outlier column 64 is outside \[0, K\)"):
+        sess.run(None, feeds)
+    feeds = _feeds(packed)
+    del feeds["w.outlier_row_ptr"]
+    with pytest.raises(Exception, match="w.outlier_row_ptr"):
+        sess.run(None, feeds)
+
+
+def test_bad_attribute_fails_at_session_creation() -> None:
+    import edge.kernels as ek
+
+    ensure_library()
+    packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32)
+    model, _ = qmatmul_model(packed, ["M", 64])
+    for attr in model.graph.node[0].attribute:
+        if attr.name == "bits":
+            attr.i = 5
+    so = ort.SessionOptions()
+    ek.register(so)
+    with pytest.raises(Exception, match="bits must be 2, 3 or 4"):
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+_ISA_SCRIPT = """
+import json, sys
+import numpy as np
+from kernels_util import QMatMulRunner, make_weight, assert_close_to_reference
+out = {}
+for bits in (2, 3, 4):
+    rng = np.random.default_rng(bits)
+    packed, w = make_weight(rng, 45, 200, bits, 32, outliers=15)
+    bias = rng.standard_normal(45).astype(np.float32)
+    run = QMatMulRunner(packed, bias)
+    x = rng.standard_normal((9, 200)).astype(np.float32)
+    y = run(x)
+    assert_close_to_reference(y, x, w, bias)
+    np.testing.assert_array_equal(np.concatenate([run(x[i:i + 1]) for i in range(9)]), y)
+    out[bits] = y.tobytes().hex()
+print(json.dumps(out))
+"""
+
+
+def _run_isa(isa: str | None) -> dict:
+    env = dict(os.environ)
+    env.pop("EDGE_KERNELS_ISA", None)
+    if isa:
+        env["EDGE_KERNELS_ISA"] = isa
+    here = Path(__file__).resolve().parent
+    env["PYTHONPATH"] = os.pathsep.join([str(here), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _ISA_SCRIPT], env=env, cwd=here, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_portable_and_vector_paths_are_each_exact_and_batch_invariant() -> None:
+    """Each code path (portable, AVX2, AVX-512, the integer VNNI kernels for 4-bit) meets the reference and batch
+    invariance. Paths sharing their per-lane arithmetic agree bitwise: fp32 AVX2 with fp32 AVX-512, AVX-VNNI with
+    AVX-512 VNNI (whose scalar and vector digit preparations must then agree too). A cap the CPU lacks falls back
+    to the best path, which keeps these comparisons valid on any machine."""
+    ensure_library()
+    runs = {isa: _run_isa(isa) for isa in (None, "avx512vnni", "avxvnni", "avx512", "avx2", "portable")}
+    assert runs["avx512"] == runs["avx2"]
+    assert runs["avxvnni"]["4"] == runs["avx512vnni"]["4"] == runs[None]["4"]
+    assert runs[None]["2"] == runs["avx2"]["2"] and runs[None]["3"] == runs["avx2"]["3"]
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+@pytest.mark.parametrize("bits", [3, 4])
+def test_non_finite_row_stays_in_its_row(bits: int, bad: float) -> None:
+    rng = np.random.default_rng(2)
+    packed, _ = make_weight(rng, 16, 64, bits, 32)
+    run = QMatMulRunner(packed)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    x[1, 37] = bad
+    y = run(x)
+    assert not np.isfinite(y[1]).all()
+    np.testing.assert_array_equal(y[[0, 2]], np.concatenate([run(x[:1]), run(x[2:])]))

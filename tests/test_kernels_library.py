@@ -1,0 +1,87 @@
+"""edge.kernels.library: finding and registering the built library, the ABI self-check, the missing-library error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnxruntime as ort
+import pytest
+
+import edge.kernels as ek
+from edge.errors import EdgeError
+from kernels_util import ensure_library
+
+_REGISTER_SCRIPT = """
+import onnxruntime as ort
+import edge.kernels as ek
+so = ort.SessionOptions()
+try:
+    ek.register(so)
+except ek.KernelLibraryError as exc:
+    print("KernelLibraryError:", exc)
+else:
+    print("registered")
+"""
+
+
+def _register_in_subprocess(env_extra: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run registration in a child process, so a corrupted ABI slot that crashes cannot take pytest down."""
+    env = {**os.environ, **env_extra}
+    return subprocess.run([sys.executable, "-c", _REGISTER_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_library_path_points_at_built_library() -> None:
+    ensure_library()
+    path = ek.library_path()
+    assert path is not None and path.is_file() and path.name == "libedge_kernels.so"
+    # Without a CUDA build, asking for CUDA falls back to the CPU library (a model must load anywhere).
+    assert ek.library_path(cuda=True) is not None
+
+
+def test_kernel_isa_reports_a_known_path() -> None:
+    ensure_library()
+    assert ek.kernel_isa(4) in {"avx512vnni", "avx512", "avx2", "portable"}
+    assert ek.kernel_isa(3) in {"avx512", "avx2", "portable"}  # no integer kernel for 3-bit
+
+
+def test_register_adds_the_edge_domain() -> None:
+    ensure_library()
+    so = ort.SessionOptions()
+    assert ek.register(so) == ek.library_path()
+
+
+def test_missing_library_gives_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("EDGE_KERNELS_LIBRARY", str(tmp_path / "absent.so"))
+    assert ek.library_path() is None
+    with pytest.raises(EdgeError, match=r"apt-get install g\+\+.*pip install -e"):
+        ek.register(ort.SessionOptions())
+
+
+def test_foreign_library_gives_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    bogus = tmp_path / "libbogus.so"
+    bogus.write_bytes(b"not an ELF file")
+    monkeypatch.setenv("EDGE_KERNELS_LIBRARY", str(bogus))
+    with pytest.raises(ek.KernelLibraryError, match="could not register"):
+        ek.register(ort.SessionOptions())
+
+
+def test_registration_succeeds_in_clean_process() -> None:
+    ensure_library()
+    proc = _register_in_subprocess({})
+    assert proc.stdout.strip() == "registered", proc.stderr
+
+
+@pytest.mark.parametrize("slot, entry", [(1, "GetErrorCode"), (60, "GetTensorElementType"), (62, "GetDimensions"),
+                                         (64, "GetTensorShapeElementCount")])
+def test_self_check_catches_a_wrong_slot(slot: int, entry: str) -> None:
+    """EDGE_KERNELS_DEBUG_CORRUPT_SLOT binds one OrtApi entry to its neighbour; registration must refuse."""
+    ensure_library()
+    proc = _register_in_subprocess({"EDGE_KERNELS_DEBUG_CORRUPT_SLOT": str(slot)})
+    assert proc.returncode == 0, f"child crashed: {proc.stderr[-2000:]}"
+    out = proc.stdout
+    assert out.startswith("KernelLibraryError:"), out + proc.stderr
+    assert "ABI self-check failed" in out and entry in out
