@@ -14,6 +14,7 @@ Terms, for a target model (and an optional draft) and a `Plan`:
 - activations: the largest single step (a prefill chunk, a verification step or a decode step of either model), in
   ORT's arena; see `activation_bytes`.
 - overhead: the runtime's resident set.
+- tokenizer: the target's loaded tokenizer, per vocabulary entry (packages only: a bare config has none).
 - prepack: what ORT's prepack keeps after a session is created; it is not transient. Measured with RSS and
   /proc/self/smaps (onnxruntime 1.31.1, CPU, 2 threads) after creating a session and running one 16-token step with
   filled 256-token caches: an fp32 package holds only its tied embedding table twice (the Gemm packs a copy, the
@@ -51,6 +52,12 @@ NBITS_BLOCK = 32  # MatMulNBits block size used by the exporter: one float32 sca
 # and creating and running one small CPU session with 2 intra-op threads added 8.8 MiB (68.6 MiB in all with onnx
 # imported, which the runtime does not import). Rounded up to 60 MiB; `measure_import_overhead()` re-measures it.
 RUNTIME_OVERHEAD_BYTES = 60 * MiB
+
+# Resident bytes of a loaded tokenizer per vocabulary entry: edge.tokenizer.Tokenizer on SmolLM2's tokenizer.json
+# (49,152-entry byte-level BPE with its merges, tokenizers 0.23.3) raised RSS by 39.2 MiB in a fresh process (32.4 MiB
+# for tokenizers.Tokenizer.from_file alone). Not proportional to the file's size: the same vocabulary pretty-printed
+# (3.5 MB instead of 1.6 MB) costs the same. Counted once per process (a draft shares the target's tokenizer).
+TOKENIZER_BYTES_PER_ENTRY = 840
 
 # Extra resident bytes per MatMulNBits byte after ORT's prepack (SmolLM2-135M int4, accuracy_level 4: 59.9 MiB for
 # 82.2 MiB; see the module docstring), rounded up.
@@ -228,6 +235,11 @@ class ModelSpec:
     config: ModelConfig
     quant: str
     layout: WeightLayout
+    has_tokenizer: bool = False  # a package with a tokenizer file: the runtime loads it (see TOKENIZER_BYTES_PER_ENTRY)
+
+    @property
+    def tokenizer_bytes(self) -> int:
+        return self.config.vocab_size * TOKENIZER_BYTES_PER_ENTRY if self.has_tokenizer else 0
 
     @property
     def weight_bytes(self) -> int:
@@ -266,7 +278,8 @@ class ModelSpec:
             raise BudgetError("the package manifest lists no .onnx or .onnx.data file: re-export the package")
         quant = _manifest_quant(manifest.get("quantization", manifest.get("quant"))) or _infer_quant(config, weights)
         name = name or manifest.get("name") or "model"
-        return cls(name=name, config=config, quant=quant, layout=estimate_layout(config, quant).scaled_to(weights))
+        return cls(name=name, config=config, quant=quant, layout=estimate_layout(config, quant).scaled_to(weights),
+                   has_tokenizer=any(file.endswith("tokenizer.json") for file in sizes))
 
     @classmethod
     def from_package(cls, path: str | Path) -> "ModelSpec":
@@ -344,6 +357,7 @@ class MemoryEstimate:
     prepack: int  # ORT's packed second copy of weights, target and draft
     load_peak: int
     run_peak: int
+    tokenizer: int = 0  # the target's loaded tokenizer (runtime, not weights); part of both peaks
 
     @property
     def peak(self) -> int:
@@ -457,12 +471,13 @@ class MemoryModel:
         prepack = self.prepack(self.target, self._resident_layers(plan)) + (self.prepack(draft) if draft else 0)
         # Sessions are created before any buffer is allocated, so generation always holds the larger peak; the load
         # peak is kept apart because it is what a runtime without buffers (or edge-profile's first phase) sees.
-        load_peak = self.overhead_bytes + weights_t + weights_d + prepack
+        tokenizer = self.target.tokenizer_bytes
+        load_peak = self.overhead_bytes + tokenizer + weights_t + weights_d + prepack
         run_peak = load_peak + kv_t + kv_d + logits + tree + activations
         return MemoryEstimate(
             weights_target=weights_t, weights_draft=weights_d, kv_target=kv_t, kv_draft=kv_d, logits=logits,
             tree_buffers=tree, activations=activations, overhead=self.overhead_bytes,
-            prepack=prepack, load_peak=load_peak, run_peak=run_peak)
+            prepack=prepack, load_peak=load_peak, run_peak=run_peak, tokenizer=tokenizer)
 
 
 def measure_import_overhead() -> int:
