@@ -1,4 +1,4 @@
-"""edge-export SOURCE -o DIR --quant {fp32,int4}: a GGUF file or Hugging Face folder -> an edge package."""
+"""edge-export SOURCE -o DIR --quant {fp32,int4,spqr,decoupleq}: a GGUF file or Hugging Face folder -> a package."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="a .gguf file or a Hugging Face model folder (config.json + safetensors)")
     p.add_argument("-o", "--output", required=True, help="package folder to write")
     p.add_argument("--quant", choices=QUANT_METHODS, default="int4", help="weight format (default: int4)")
+    p.add_argument("--bits", type=int, help="bits for spqr (3 or 4, default 4) and decoupleq (2-4, default 2)")
+    p.add_argument("--group-size", type=int, help="quantization group along K (spqr default 16, decoupleq 64)")
     p.add_argument("--kernels", choices=["stock", "edge"], default="stock",
                    help="stock: onnxruntime's MatMulNBits; edge: edge.QMatMul from kernels/ (batch-invariant, so "
                         "speculative decoding stays exact on quantized weights; needs the built kernel library)")
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             out = export_model(args.source, args.output, quant=args.quant, overwrite=args.force,
                                tree_attention=not args.no_tree_attention, progress=sys.stderr.isatty(),
-                               kernels=args.kernels)
+                               kernels=args.kernels, bits=args.bits, group_size=args.group_size)
         size = sum(f.stat().st_size for f in out.iterdir())
         print(f"wrote {out} ({size / 2**20:.1f} MiB, {args.quant}) in {time.perf_counter() - start:.1f} s")
 

@@ -1,0 +1,47 @@
+"""Round-to-nearest: per-block min/max grid, no calibration. The baseline every other method must beat."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge.export.quant import QuantizationError
+from edge.export.quant.grid import check_bits, minmax_params, quantize
+from edge.export.quant.packing import num_blocks
+from edge.export.quant.qlinear import QuantizedLinear
+
+__all__ = ["QuantizedLinear", "quantize_rtn", "check_weight"]
+
+
+def check_weight(w: np.ndarray) -> np.ndarray:
+    """A finite 2-D float weight (out_features, in_features) as float32, or a clear error."""
+    w = np.asarray(w)
+    if w.ndim != 2 or w.shape[0] == 0 or w.shape[1] == 0:
+        raise QuantizationError(f"expected a non-empty 2-D weight (out_features, in_features), got shape {w.shape}")
+    w = w.astype(np.float32, copy=False)
+    if not np.isfinite(w).all():
+        raise QuantizationError("the weight contains NaN or infinity; the source model is corrupt")
+    return w
+
+
+def quantize_rtn(w: np.ndarray, bits: int, block_size: int) -> QuantizedLinear:
+    """Asymmetric round-to-nearest in blocks of `block_size` input columns (block_size >= K: one per channel)."""
+    w = check_weight(w)
+    check_bits(bits)
+    if block_size < 1:
+        raise QuantizationError(f"block_size must be positive, got {block_size}")
+    n, k = w.shape
+    block_size = min(block_size, k) if block_size >= k else block_size
+    kb = num_blocks(k, block_size)
+    padded = np.zeros((n, kb * block_size), dtype=np.float32)
+    padded[:, :k] = w
+    blocks = padded.reshape(n, kb, block_size)
+    scale, zero = minmax_params(blocks, bits)
+    codes = quantize(blocks, scale[..., None], zero[..., None], bits)
+    return QuantizedLinear(
+        codes=codes.reshape(n, kb * block_size)[:, :k].astype(np.uint8),
+        scales=scale.astype(np.float32),
+        zeros=zero.astype(np.uint8),
+        bits=bits,
+        block_size=block_size,
+        method="rtn",
+    )

@@ -1,0 +1,84 @@
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edge.export.quant import QuantizationError
+from edge.export.quant.rtn import quantize_rtn
+
+
+def matmulnbits_session(q: dict, accuracy_level: int) -> ort.InferenceSession:
+    """A one-node graph with B/scales/zero points as constant initializers (the layout the CPU kernel prepacks)."""
+    inits = [
+        numpy_helper.from_array(q["B"], "B"),
+        numpy_helper.from_array(q["scales"], "scales"),
+        numpy_helper.from_array(q["zero_points"], "zp"),
+    ]
+    node = helper.make_node(
+        "MatMulNBits", ["x", "B", "scales", "zp"], ["y"], domain="com.microsoft",
+        K=q["K"], N=q["N"], bits=q["bits"], block_size=q["block_size"], accuracy_level=accuracy_level,
+    )
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", q["K"]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", q["N"]])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 10
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def test_rtn_error_is_within_half_a_step():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(24, 100)).astype(np.float32)
+    q = quantize_rtn(w, 4, 32)
+    step = np.repeat(q.scales, 32, axis=1)[:, :100]
+    assert np.all(np.abs(q.dequantize() - w) <= step / 2 + 1e-6)
+    assert q.codes.shape == (24, 100) and q.scales.shape == (24, 4) and q.zeros.dtype == np.uint8
+
+
+def test_more_bits_less_error():
+    w = np.random.default_rng(1).normal(size=(16, 64)).astype(np.float32)
+    errs = [np.square(quantize_rtn(w, b, 32).dequantize() - w).mean() for b in (2, 3, 4, 8)]
+    assert errs == sorted(errs, reverse=True) and errs[-1] < 1e-4
+
+
+def test_zero_rows_and_bad_input():
+    q = quantize_rtn(np.zeros((2, 32), np.float32), 4, 16)
+    np.testing.assert_array_equal(q.dequantize(), 0)
+    with pytest.raises(QuantizationError):
+        quantize_rtn(np.full((2, 32), np.nan, np.float32), 4, 16)
+    with pytest.raises(QuantizationError):
+        quantize_rtn(np.zeros((2, 32), np.float32), 5, 16)
+    with pytest.raises(QuantizationError):
+        quantize_rtn(np.zeros(32, np.float32), 4, 16)
+
+
+@pytest.mark.parametrize("bits,block_size,k", [(4, 32, 96), (4, 16, 200), (2, 64, 128), (8, 32, 64), (3, 16, 64)])
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+def test_matmulnbits_reproduces_dequantized_matmul(bits, block_size, k, accuracy_level):
+    rng = np.random.default_rng(bits + k)
+    w = rng.normal(size=(40, k)).astype(np.float32)
+    x = rng.normal(size=(3, k)).astype(np.float32)
+    q = quantize_rtn(w, bits, block_size)
+    y = matmulnbits_session(q.to_matmulnbits(), accuracy_level).run(None, {"x": x})[0]
+    ref = x @ q.dequantize().T
+    # accuracy_level 4 quantizes x to int8 per block, so it is close rather than exact
+    tol = 1e-4 if accuracy_level == 0 else 0.01 * np.abs(ref).max()
+    np.testing.assert_allclose(y, ref, atol=tol, rtol=0)
+    np.testing.assert_allclose(q.reference_matmul(x), ref, atol=1e-4)
+
+
+def test_per_channel_is_reblocked_exactly():
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(8, 96)).astype(np.float32)
+    x = rng.normal(size=(2, 96)).astype(np.float32)
+    q = quantize_rtn(w, 4, 10_000)
+    assert q.scales.shape == (8, 1)
+    packed = q.to_matmulnbits(block_size=32)
+    assert packed["scales"].shape == (8, 3)
+    y = matmulnbits_session(packed, 0).run(None, {"x": x})[0]
+    np.testing.assert_allclose(y, x @ q.dequantize().T, atol=1e-4)

@@ -1,0 +1,83 @@
+import numpy as np
+import pytest
+
+from edge.export.quant import QuantizationError
+from edge.export.quant.bits import runtime_bits_per_weight, storage_bits_per_weight
+from edge.export.quant.hessian import weighted_error
+from edge.export.quant.rtn import quantize_rtn
+from edge.export.quant.spqr import SpqrConfig, leave_one_out_gain, quantize_spqr
+
+
+def correlated_hessian(k: int, seed: int) -> np.ndarray:
+    """X^T X of correlated inputs with unequal channel scales, like a real layer's (not the identity)."""
+    rng = np.random.default_rng(seed)
+    mix = rng.normal(size=(k, k)) / np.sqrt(k) + np.eye(k)
+    x = (rng.normal(size=(2048, k)) @ mix) * np.exp(0.5 * rng.normal(size=k))
+    return x.T @ x / len(x)
+
+
+@pytest.fixture(scope="module")
+def layer():
+    rng = np.random.default_rng(0)
+    n, k = 96, 128
+    w = (rng.normal(size=(n, k)) * 0.05).astype(np.float32)
+    planted = rng.choice(n * k, 30, replace=False)
+    w.flat[planted] += rng.choice([-1.0, 1.0], 30) * rng.uniform(0.5, 1.0, 30)
+    mask = np.zeros(n * k, bool)
+    mask[planted] = True
+    return w, correlated_hessian(k, 1), mask.reshape(n, k)
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_finds_planted_outliers_and_beats_rtn(layer, bits):
+    w, h, planted = layer
+    q = quantize_spqr(w, h, SpqrConfig(bits=bits, outlier_threshold=16))
+    found = np.zeros_like(planted)
+    found[q.outliers.rows(), q.outliers.col] = True
+    assert (found & planted).sum() == planted.sum()
+    assert q.outliers.nnz <= 0.01 * w.size
+    spqr_err = weighted_error(w, q.dequantize(), h).sum()
+    rtn_err = weighted_error(w, quantize_rtn(w, bits, 16).dequantize(), h).sum()
+    assert spqr_err < 0.6 * rtn_err
+
+
+def test_grid_is_what_the_compact_statistics_give(layer):
+    w, h, _ = layer
+    q = quantize_spqr(w, h, SpqrConfig(bits=3))
+    np.testing.assert_array_equal(q.scales, q.second_level.scales.dequantize())
+    zeros = np.clip(np.round(q.second_level.zeros.dequantize()), 0, 7)
+    np.testing.assert_array_equal(q.zeros, zeros)
+    assert q.second_level.scales.codes.max() <= 7 and q.second_level.scales.base.dtype == np.float16
+
+
+def test_outliers_are_exact_in_float16(layer):
+    w, h, _ = layer
+    q = quantize_spqr(w, h, SpqrConfig(bits=3))
+    rows, cols = q.outliers.rows(), q.outliers.col
+    assert q.outliers.values.dtype == np.float16
+    # the kept value is the error-compensated weight: close to the original for an isolated planted outlier
+    assert np.abs(q.dequantize()[rows, cols] - w[rows, cols]).max() < 0.2
+
+
+def test_bits_accounting(layer):
+    w, h, _ = layer
+    q = quantize_spqr(w, h, SpqrConfig(bits=3))
+    n, k = w.shape
+    expected = 3 + (3 + 3) / 16 + 4 * 16 / (16 * 16) + 32 * q.outliers.nnz / (n * k)
+    assert storage_bits_per_weight(q) == pytest.approx(expected)
+    # stock-op form: 4-bit slots, float32 scale and 4-bit zero per 16, outliers as row/col/value
+    assert runtime_bits_per_weight(q) == pytest.approx(4 + 32 / 16 + 4 / 16 + 96 * q.outliers.nnz / (n * k))
+
+
+def test_leave_one_out_flags_the_extreme_weight():
+    w = np.array([[0.1, -0.1, 0.05, 0.0, 3.0, -0.05, 0.02, 0.08]])
+    gain = leave_one_out_gain(w, np.ones(8), 3)
+    assert gain.argmax() == 4 and gain[0, 4] > 2 * np.delete(gain[0], 4).max()
+
+
+def test_rejects_bad_settings(layer):
+    w, h, _ = layer
+    with pytest.raises(QuantizationError):
+        quantize_spqr(w, h, SpqrConfig(bits=8))
+    with pytest.raises(QuantizationError):
+        quantize_spqr(w, h[:10, :10])
