@@ -28,10 +28,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--context", type=int, help="context length to allocate (default: the model's)")
+    p.add_argument("--context", type=int, help="context length to allocate (default: min(model, 2048), or planned)")
     p.add_argument("--truncate", action="store_true", help="drop the oldest prompt tokens if it does not fit")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--budget", help="memory budget (e.g. 2GiB, 512MB): the context and buffers are planned to fit")
+    p.add_argument("--profile", help="device profile name (see edge-profile --list): its memory is the budget")
+    p.add_argument("--on-full", choices=["error", "slide"], default="error",
+                   help="a chat that fills the context: stop with an error (default) or drop the oldest turns")
     p.add_argument("--threads", type=int)
+    p.add_argument("--draft", metavar="DRAFTER",
+                   help="speculative decoding: prompt-lookup, recycling, auto (both), or a draft package's folder "
+                        "(same tokenizer; prompt lookup first, the draft model otherwise)")
+    p.add_argument("--draft-length", type=int,
+                   help="fixed draft depth (default: adaptive, from the measured cost of verifying)")
     return p
 
 
@@ -42,11 +51,25 @@ def split_model_and_prompt(args: argparse.Namespace) -> tuple[str | None, str | 
     return args.model, args.prompt
 
 
+def budget_options(args: argparse.Namespace) -> dict:
+    """Engine keywords for --budget/--profile (a profile alone is the budget; with --budget it sets the device)."""
+    if args.budget is None and args.profile is None:
+        return {}
+    return {"budget": args.budget if args.budget is not None else args.profile, "profile": args.profile}
+
+
+def draft_options(args: argparse.Namespace) -> dict:
+    """Engine keywords for --draft."""
+    return {} if args.draft is None else {"speculator": args.draft}
+
+
 def print_stats(engine) -> None:
     s = engine.stats
     print(f"\n[prompt {s.prompt_tokens} tokens ({s.reused_tokens} cached) {s.prompt_tokens_per_second:.1f} tok/s | "
           f"generated {s.generated_tokens} tokens {s.generate_tokens_per_second:.1f} tok/s | "
           f"finish {s.finish_reason} | peak RSS {s.peak_rss_bytes() / 2**20:.0f} MiB]", file=sys.stderr)
+    if s.speculative is not None:
+        print(f"[speculative ({engine.speculator.name}): {s.speculative.summary()}]", file=sys.stderr)
 
 
 def stream_out(pieces) -> str:
@@ -76,6 +99,9 @@ def chat_loop(engine, args, config) -> None:
         messages.append({"role": "user", "content": line})
         reply = stream_out(engine.chat(messages, config))
         messages.append({"role": "assistant", "content": reply})
+        if engine.stats.finish_reason == "context":
+            print(f"[the context of {engine.context_length} tokens is full: /reset to start over, or use "
+                  f"--on-full slide to drop the oldest turns]", file=sys.stderr)
         if args.stats:
             print_stats(engine)
 
@@ -88,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
 
         model, prompt = split_model_and_prompt(args)
         config = GenerationConfig(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), truncate=args.truncate)
-        engine = Engine(model, device=args.device, context_length=args.context, threads=args.threads)
+                                  top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), truncate=args.truncate,
+                                  on_full=args.on_full)
+        engine = Engine(model, device=args.device, context_length=args.context, threads=args.threads,
+                        **budget_options(args), **draft_options(args))
+        if engine.speculator is not None and args.draft_length is not None:
+            engine.speculator.draft_length = args.draft_length
         if args.chat or (prompt is None and sys.stdin.isatty()):
             return chat_loop(engine, args, config)
         if prompt is None:

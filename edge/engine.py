@@ -10,7 +10,6 @@ a regenerated answer) only feeds the new suffix, so earlier turns are never read
 
 from __future__ import annotations
 
-import resource
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -18,9 +17,11 @@ from pathlib import Path
 
 from edge.chat_template import ChatTemplate
 from edge.errors import ChatTemplateError, ContextOverflowError
+from edge.memory.usage import peak_rss_bytes
 from edge.model import DEFAULT_PREFILL_CHUNK, Decoder
 from edge.package import Package, load_package
 from edge.sampling import Sampler, SamplingParams
+from edge.speculative import SpeculativeStats, Speculator, make_speculator
 from edge.stopping import StopStrings
 from edge.tokenizer import Tokenizer
 
@@ -36,6 +37,9 @@ class GenerationConfig:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     truncate: bool = False  # drop the oldest prompt tokens instead of refusing a prompt longer than the context
+    # a chat that outgrows the context: "error" (ContextOverflowError) or "slide" (see Engine.chat); for a plain
+    # prompt, "slide" is truncate
+    on_full: str = "error"
 
     @property
     def sampling(self) -> SamplingParams:
@@ -51,6 +55,7 @@ class GenerationStats:
     generate_seconds: float = 0.0
     finish_reason: str = ""  # "stop" (EOS or stop string), "length" (max_tokens) or "context" (cache full)
     extra: dict = field(default_factory=dict)
+    speculative: SpeculativeStats | None = None  # drafted/accepted/timings when a speculator ran
 
     @property
     def prompt_tokens_per_second(self) -> float:
@@ -63,26 +68,78 @@ class GenerationStats:
 
     @staticmethod
     def peak_rss_bytes() -> int:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return peak_rss_bytes()
 
 
 class Engine:
     def __init__(self, model: str | Path | Package | None = None, device: str = "cpu",
-                 context_length: int | None = None, threads: int | None = None, verify: bool = True):
+                 context_length: int | None = None, threads: int | None = None, verify: bool = True,
+                 speculator: Speculator | str | None = None, budget: int | str | None = None,
+                 profile: str | None = None):
+        """`budget` (bytes, '2GiB' or a device profile name; `profile` names the device for a size) plans the run
+        before anything is allocated: the KV cache, the prefill chunk and the draft model then come from the plan
+        (`self.plan`), `context_length` caps the planned context, and a budget under the model's lower bound
+        raises BudgetError naming both."""
         if model is None:
             from edge.default_model import default_package
 
             model = default_package()
         self.package = model if isinstance(model, Package) else load_package(model, verify=verify)
+        self.plan = self._make_plan(budget, profile, context_length, speculator)  # before any buffer exists
+        self.prefill_chunk = self.plan.prefill_chunk if self.plan else DEFAULT_PREFILL_CHUNK
+        if self.plan is not None:
+            context_length = self.plan.context
+            speculator = self._planned_speculator(speculator)
         special = self.package.special_tokens
         self.tokenizer = Tokenizer(self.package.tokenizer_path, bos_token_id=special.get("bos_token_id"),
                                    eos_token_ids=special.get("eos_token_ids", []),
                                    pad_token_id=special.get("pad_token_id"), add_bos=special.get("add_bos", False))
         self.template = self._chat_template()
-        self.decoder = Decoder(self.package, context_length=context_length or self._default_context(),
-                               device=device, threads=threads)
+        self.decoder = self._make_decoder(context_length or self._default_context(), device, threads)
         self.tokens: list[int] = []  # exactly the tokens whose K/V are in the cache
         self.stats = GenerationStats()
+        self.threads = threads
+        # Speculative decoding (edge.speculative): a Speculator, or a name/path for make_speculator.
+        draft_length = self.plan.draft_len if self.plan is not None and self.plan.speculative else None
+        self.speculator = (make_speculator(speculator, self, draft_length) if isinstance(speculator, str)
+                           else speculator)
+        self.dropped_messages = 0  # messages the last chat() slid out of the window (on_full="slide")
+
+    def _make_decoder(self, context_length: int, device: str, threads: int | None):
+        """A paged package (edge.export.paged) runs through PagedDecoder: with a plan, its pinned layers and
+        streaming window (all layers pinned when the plan keeps the weights resident); without one, 2 slots."""
+        if not self.package.manifest.get("paging"):
+            return Decoder(self.package, context_length=context_length, device=device, threads=threads)
+        from edge.paging import PagedDecoder
+
+        window, pinned = 2, 0
+        if self.plan is not None:
+            plan = self.plan.result.plan
+            window = plan.stream_window
+            pinned = self.package.config.num_layers if plan.resident_layers is None else plan.resident_layers
+        return PagedDecoder(self.package, context_length=context_length, device=device, threads=threads,
+                            window=window, pinned=pinned, max_tokens=max(self.prefill_chunk, 64))
+
+    def _make_plan(self, budget, profile, context_length, speculator):
+        if budget is None and profile is None:
+            return None
+        from edge.memory.plan_runtime import plan_package
+
+        draft = load_package(speculator) if isinstance(speculator, str) and Path(speculator).exists() else None
+        return plan_package(self.package, budget if budget is not None else profile, profile=profile,
+                            context=context_length, draft=draft)
+
+    def _planned_speculator(self, speculator):
+        """A draft model the plan left out (it does not fit or does not pay) is replaced by prompt lookup,
+        which needs no memory to speak of."""
+        if isinstance(speculator, str) and Path(speculator).exists() and not self.plan.speculative:
+            import warnings
+
+            warnings.warn(f"the plan for {self.plan.source} runs without the draft model {speculator} "
+                          "(it does not fit or is predicted slower); drafting with prompt lookup instead",
+                          stacklevel=3)
+            return "prompt-lookup"
+        return speculator
 
     def _chat_template(self) -> ChatTemplate | None:
         if not self.package.chat_template:
@@ -112,13 +169,57 @@ class Engine:
         yield from self._run(ids, replace(config or GenerationConfig(), **overrides))
 
     def chat(self, messages: list[dict], config: GenerationConfig | None = None, **overrides) -> Iterator[str]:
-        """Stream the assistant's reply to a conversation, reusing the KV cache of the turns already seen."""
+        """Stream the assistant's reply to a conversation, reusing the KV cache of the turns already seen.
+
+        A conversation that outgrows the context (the planned one under a budget) is refused with
+        ContextOverflowError by default (`on_full="error"`). With `on_full="slide"` the oldest messages are left
+        out (a leading system message stays) until the prompt fills at most half the context, and
+        `self.dropped_messages` says how many. What sliding costs: the cache keeps only the tokens before the first
+        dropped message (the system prompt), so the kept turns are prefilled again, up to half the context of
+        prefill (SmolLM2-135M int4 on 2 cores prefills ~1000 tokens in about a second). Freeing half the context
+        makes that a cost paid once per half a context of new conversation, not once per turn.
+        """
         if self.template is None:
             raise ChatTemplateError(f"{self.package.root} has no chat template (a base model); use generate() or "
                                     f"stream() with plain text (edge-run --raw)")
+        config = replace(config or GenerationConfig(), **overrides)
+        if config.on_full not in ("error", "slide"):
+            raise ContextOverflowError(f"on_full must be 'error' or 'slide', got {config.on_full!r}")
+        ids, self.dropped_messages = self._chat_ids(messages, config)
+        yield from self._run(ids, config)
+
+    def _encode_chat(self, messages: list[dict]) -> list[int]:
         text = self.template.render(messages, add_generation_prompt=True)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)  # the template writes its own BOS
-        yield from self._run(ids, replace(config or GenerationConfig(), **overrides))
+        return self.tokenizer.encode(text, add_special_tokens=False)  # the template writes its own BOS
+
+    def _chat_ids(self, messages: list[dict], config: GenerationConfig) -> tuple[list[int], int]:
+        """The prompt of a chat turn and how many messages were slid out of the window to make it fit."""
+        ids, context = self._encode_chat(messages), self.context_length
+        reserve = max(1, min(config.max_tokens, context // 2))  # room for the reply
+        if config.on_full != "slide":
+            if len(ids) < context or config.truncate:
+                return ids, 0
+            where = f" (planned for a budget of {self.plan.source})" if self.plan is not None else ""
+            raise ContextOverflowError(
+                f"the conversation has {len(ids)} tokens but the context holds {context}{where}; start a new "
+                f"conversation (edge-run: /reset), raise the budget or context length, or let the window slide "
+                f"over the oldest turns (on_full='slide', edge-run --on-full slide)")
+        if len(ids) + reserve <= context:
+            return ids, 0
+        head = 1 if messages and messages[0].get("role") == "system" else 0
+        best, dropped = ids, 0
+        for drop in range(1, len(messages) - head):  # always keep the newest message
+            kept = messages[:head] + messages[head + drop:]
+            if kept[head].get("role") == "assistant" and drop < len(messages) - head - 1:
+                continue  # templates expect a conversation to open with the user
+            best, dropped = self._encode_chat(kept), drop
+            if len(best) <= context // 2:
+                break
+        if len(best) >= context:
+            raise ContextOverflowError(
+                f"the newest message alone makes a prompt of {len(best)} tokens but the context holds {context}; "
+                f"shorten it or raise the budget or context length")
+        return best, dropped
 
     # -- the loop -----------------------------------------------------------------------------------------------
     def _run(self, ids: list[int], config: GenerationConfig) -> Iterator[str]:
@@ -132,9 +233,15 @@ class Engine:
         eos = set(self.tokenizer.eos_token_ids)
         start = time.perf_counter()
         stats.finish_reason = "length"
+        if self.speculator is not None:
+            source = self.speculator.tokens(self.decoder, self.tokens, logits, config.sampling, config.max_tokens)
+            stats.speculative = self.speculator.stats
+        else:
+            source = self._plain_tokens(logits, sampler)
         try:
-            while stats.generated_tokens < config.max_tokens:
-                token = sampler(logits)
+            for token in source:
+                if stats.generated_tokens >= config.max_tokens:
+                    break
                 if token in eos:
                     stats.finish_reason = "stop"
                     break
@@ -147,21 +254,29 @@ class Engine:
                     break
                 if stats.generated_tokens == config.max_tokens:
                     break
-                if len(self.tokens) >= self.context_length:
-                    stats.finish_reason = "context"
-                    break
-                logits = self.decoder.step([token])[0]
-                self.tokens.append(token)
+            else:
+                stats.finish_reason = "context"  # the source ran out: the cache is full
             if not stops.stopped and (rest := stops.flush()):
                 yield rest
         finally:
+            source.close()  # a speculative source cuts the cache back to what was emitted
             stats.generate_seconds = time.perf_counter() - start
+
+    def _plain_tokens(self, logits, sampler: Sampler) -> Iterator[int]:
+        """One target call per token; a token is fed only when the consumer asks for the next one."""
+        while True:
+            token = sampler(logits)
+            yield token
+            if len(self.tokens) >= self.context_length:
+                return
+            logits = self.decoder.step([token])[0]
+            self.tokens.append(token)
 
     def _fit_prompt(self, ids: list[int], config: GenerationConfig) -> list[int]:
         limit = self.context_length - 1  # room for at least one generated token
         if len(ids) <= limit:
             return ids
-        if not config.truncate:
+        if not (config.truncate or config.on_full == "slide"):
             raise ContextOverflowError(
                 f"the prompt has {len(ids)} tokens but the context holds {self.context_length}; shorten it, "
                 f"load the model with a larger context_length (the model allows {self.package.config.max_context}), "
@@ -182,7 +297,7 @@ class Engine:
         self.decoder.cache.trim(common)
         self.tokens = ids[:common]
         self.stats.reused_tokens = common
-        logits = self.decoder.prefill(ids[common:], chunk=DEFAULT_PREFILL_CHUNK)
+        logits = self.decoder.prefill(ids[common:], chunk=self.prefill_chunk)
         self.tokens = list(ids)
         return logits
 
@@ -190,3 +305,5 @@ class Engine:
         """Forget the cached conversation."""
         self.decoder.reset()
         self.tokens = []
+        if self.speculator is not None:
+            self.speculator.reset()

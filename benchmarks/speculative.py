@@ -1,0 +1,223 @@
+"""Speculative decoding on the default model: speed against plain decoding, acceptance, and greedy exactness.
+
+    python benchmarks/speculative.py [--targets fp32 int4] [--tokens 96] [--reps 1] [--threads 2]
+
+For each target package (fp32, int4) and prompt category (open chat, code, rewrite, summarise/extract, repeat with a
+change in a second turn), plain greedy decoding and each drafter run interleaved prompt by prompt, so a noisy
+neighbour on this shared machine hits them alike; the table reports speed *ratios* to plain decoding (geometric mean
+over the category's prompts) and acceptance. Every speculative output is compared with plain greedy output; where
+they differ, the table gives the first differing position and the target's top-2 logit gap there (a near-tie that
+the multi-token verify step's different float rounding flips). Writes benchmarks/results/speculative.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+PASSAGE = ("The Great Barrier Reef is the world's largest coral reef system, composed of over 2,900 individual "
+           "reefs and 900 islands stretching for over 2,300 kilometres over an area of approximately 344,400 square "
+           "kilometres. The reef is located in the Coral Sea, off the coast of Queensland, Australia. It can be seen "
+           "from outer space and is the world's biggest single structure made by living organisms. The reef was "
+           "selected as a World Heritage Site in 1981.")
+PARAGRAPH = ("Our team moved to the new office last monday. the move went mostly smooth, but the printers was not "
+             "conected and the wifi password were wrong for two days. Next week we will organise a small party to "
+             "celebrate the new space, and everyone are invited to bring a dish.")
+CODE = ("def mean(values):\n    total = 0\n    for v in values:\n        total += v\n    return total / len(values)\n\n"
+        "def variance(values):\n    m = mean(values)\n    total = 0\n    for v in values:\n"
+        "        total += (v - m) ** 2\n    return total / len(values)\n")
+CATEGORIES = {
+    "open chat": [[("user", "What are some good habits for staying healthy?")],
+                  [("user", "Tell me about the history of the bicycle.")]],
+    "code": [[("user", "Write a Python function that returns the n-th Fibonacci number.")],
+             [("user", f"Add docstrings to these functions:\n{CODE}")]],
+    "rewrite": [[("user", f"Fix the grammar and spelling in this paragraph:\n{PARAGRAPH}")],
+                [("user", f"Rewrite this paragraph in a formal tone:\n{PASSAGE}")]],
+    "summarise/extract": [[("user", f"Summarise this passage in two sentences:\n{PASSAGE}")],
+                          [("user", f"List every number in this passage with what it measures:\n{PASSAGE}")]],
+    "repeat with change": [[("user", "Give me a short recipe for pancakes."), ("assistant", None),
+                            ("user", "Repeat your recipe, but use oat milk instead of milk.")],
+                           [("user", "Write a short poem about the sea."), ("assistant", None),
+                            ("user", "Repeat the poem exactly, but change the title to 'Blue'.")]],
+}
+
+
+CURVES: dict = {}
+
+
+def messages_for(engine, turns, tokens):
+    """Fill each None assistant turn with the model's own greedy answer (as a chat user would have seen it)."""
+    messages = []
+    for role, content in turns:
+        if content is None:
+            engine.reset()
+            content = "".join(engine.chat(messages, max_tokens=tokens))
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def variants(target: str, engine, packages):
+    from edge.speculative import DraftModel, PromptLookup, Speculator, make_speculator
+
+    out = {"prompt-lookup": lambda: make_speculator("prompt-lookup", engine),
+           "recycling": lambda: make_speculator("recycling", engine),
+           "auto (lookup+recycling)": lambda: make_speculator("auto", engine)}
+    if target == "fp32":
+        out["lookup+draft int4"] = lambda: Speculator(
+            [PromptLookup(), DraftModel(packages["int4"], engine.context_length, threads=engine.threads)],
+            threads=engine.threads)
+    return out
+
+
+def run_once(engine, messages, tokens):
+    engine.reset()
+    text = "".join(engine.chat(messages, max_tokens=tokens))
+    s = engine.stats
+    return {"text": text, "ids": list(engine.tokens), "n": s.generated_tokens, "seconds": s.generate_seconds,
+            "spec": s.speculative}
+
+
+def near_tie(engine, prompt_ids, plain_ids, position):
+    """Top-2 logit gap of the target (one token per step, as plain decoding ran) where outputs first differ."""
+    engine.reset()
+    dec = engine.decoder
+    logits = dec.prefill(plain_ids[: len(prompt_ids)])
+    for t in plain_ids[len(prompt_ids):position]:
+        logits = dec.step([t])[0]
+    top = np.sort(logits)[-2:]
+    engine.reset()
+    return float(top[1] - top[0])
+
+
+def first_difference(plain, spec):
+    a, b = plain["ids"], spec["ids"]
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def modelled_ratio(spec, curve) -> float:
+    """Speed over plain decoding predicted from the measured cost curve and this run's calls (verify cost only):
+    immune to the neighbours' load, which the measured ratio is not."""
+    if spec is None or not spec.target_calls:
+        return 1.0
+    mean_rows = spec.verified_rows / spec.target_calls
+    return spec.tokens_per_call * curve(1) / curve(mean_rows)
+
+
+def bench_target(target, packages, args, rows, ties):
+    from edge.engine import Engine
+
+    engine = Engine(packages[target], threads=args.threads)
+    makers = variants(target, engine, packages)
+    speculators = {name: make() for name, make in makers.items()}  # persistent: policies learn across prompts
+    engine.speculator = None
+    engine.generate("Hello", max_tokens=8)  # warm up
+    for name, spec in speculators.items():  # measure the cost curve (cached) and warm the drafters
+        engine.speculator = spec
+        engine.generate("Hello there, how are you?", max_tokens=8)
+    from edge.speculative import CostCurve
+
+    curve = CostCurve.cached(engine.decoder, engine.threads)
+    CURVES[target] = curve
+    print(f"{target}: cost of a k-token step relative to 1 token: {curve.relative()}", file=sys.stderr)
+    for category in args.categories:
+        for turns in CATEGORIES[category]:
+            engine.speculator = None
+            messages = messages_for(engine, turns, args.tokens)
+            results = {name: [] for name in ["plain", *speculators]}
+            for rep in range(args.reps):
+                order = ["plain", *speculators]
+                order = order[rep % len(order):] + order[: rep % len(order)]
+                for name in order:
+                    engine.speculator = speculators.get(name)
+                    results[name].append(run_once(engine, messages, args.tokens))
+            engine.speculator = None
+            plain = results["plain"][0]
+            plain_tps = statistics.median(r["n"] / r["seconds"] for r in results["plain"])
+            for name, runs in results.items():
+                tps = statistics.median(r["n"] / r["seconds"] for r in runs)
+                same = runs[0]["ids"] == plain["ids"] and runs[0]["text"] == plain["text"]
+                spec = runs[0]["spec"]
+                rows.append({"target": target, "category": category, "variant": name, "tps": tps,
+                             "ratio": tps / plain_tps, "same": same,
+                             "accept": spec.acceptance_rate if spec else None,
+                             "per_call": spec.tokens_per_call if spec else 1.0,
+                             "modelled": modelled_ratio(spec, curve),
+                             "drafted": spec.drafted if spec else 0})
+                if not same:
+                    pos = first_difference(plain, runs[0])
+                    prompt_len = len(plain["ids"]) - plain["n"] + 1
+                    gap = near_tie(engine, plain["ids"][:prompt_len], plain["ids"], max(pos, prompt_len))
+                    ties.append((target, category, name, pos - prompt_len, gap))
+                print(f"{target} {category:20s} {name:24s} {tps:6.1f} tok/s x{tps / plain_tps:.2f} "
+                      f"same={same} {spec.summary() if spec else ''}", file=sys.stderr)
+
+
+def table(rows, ties, args) -> str:
+    lines = [f"# Speculative decoding (SmolLM2-135M-Instruct, {args.threads} threads, greedy, {args.tokens} new "
+             f"tokens, {args.reps} interleaved rep(s); the machine was shared, so compare ratios, not tok/s)", "",
+             "Cost of a verify call over S tokens relative to S=1, measured on the loaded package (the adaptive "
+             "policy's input):", ""]
+    for target, curve in CURVES.items():
+        lines.append(f"- {target}: " + ", ".join(f"S={s}: {r:.2f}x" for s, r in curve.relative().items())
+                     + f" (multi-row vs 1-row logit deviation {curve.deviation:.2g})")
+    lines += ["", "x plain: measured tok/s ratio (geometric mean over the category's prompts). x model: the ratio "
+              "the cost curve predicts from the run's tokens per target call and verify sizes, without the noise.",
+              "", "| target | category | variant | tok/s | x plain | x model | acceptance | tokens/target call | "
+              "identical |", "|---|---|---|---|---|---|---|---|---|"]
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault((r["target"], r["category"], r["variant"]), []).append(r)
+    for (target, category, variant), rs in groups.items():
+        ratio = math.exp(sum(math.log(r["ratio"]) for r in rs) / len(rs))
+        acc = [r["accept"] for r in rs if r["accept"] is not None and r["drafted"]]
+        model = math.exp(sum(math.log(r["modelled"]) for r in rs) / len(rs))
+        lines.append(f"| {target} | {category} | {variant} | {statistics.mean(r['tps'] for r in rs):.1f} | "
+                     f"{ratio:.2f} | {model:.2f} | {statistics.mean(acc) if acc else 0:.2f} | "
+                     f"{statistics.mean(r['per_call'] for r in rs):.2f} | "
+                     f"{sum(r['same'] for r in rs)}/{len(rs)} |")
+    lines += ["", "Where speculative output differed from plain greedy: first differing generated token and the "
+              "target's top-2 logit gap there (plain decoding's logits).", ""]
+    if not ties:
+        lines.append("None: every speculative output was token-for-token identical to plain greedy.")
+    for target, category, name, pos, gap in ties:
+        lines.append(f"- {target} / {category} / {name}: token {pos}, top-2 gap {gap:.4f}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", nargs="+", default=["fp32", "int4"])
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--categories", nargs="+", choices=list(CATEGORIES), default=list(CATEGORIES))
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "speculative.md"))
+    args = ap.parse_args()
+    from edge.default_model import default_package
+    from edge.package import load_package
+
+    packages = {q: load_package(default_package(q), verify=False) for q in ("fp32", "int4")}
+    rows, ties = [], []
+    for target in args.targets:
+        bench_target(target, packages, args, rows, ties)
+    text = table(rows, ties, args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=out.parent, delete=False, suffix=".tmp") as tmp:
+        tmp.write(text)
+    os.replace(tmp.name, out)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

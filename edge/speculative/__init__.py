@@ -1,0 +1,19 @@
+"""Speculative decoding: cheap drafters guess several tokens, the target verifies them in one call.
+
+    from edge.speculative import PromptLookup, Speculator
+    engine = Engine(package, speculator=Speculator([PromptLookup()]))
+
+`make_speculator("auto" | "prompt-lookup" | "recycling" | PATH, engine)` builds the usual combinations.
+"""
+
+from edge.speculative.adaptive import AdaptiveDepth, CostCurve, FixedDepth
+from edge.speculative.decode import Speculator
+from edge.speculative.draft_model import DraftModel, check_compatible
+from edge.speculative.drafter import Draft, Drafter
+from edge.speculative.factory import make_speculator
+from edge.speculative.prompt_lookup import PromptLookup
+from edge.speculative.stats import SpeculativeStats
+from edge.speculative.token_recycling import TokenRecycling
+
+__all__ = ["AdaptiveDepth", "CostCurve", "Draft", "DraftModel", "Drafter", "FixedDepth", "PromptLookup",
+           "SpeculativeStats", "Speculator", "TokenRecycling", "check_compatible", "make_speculator"]

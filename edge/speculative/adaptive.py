@@ -1,0 +1,161 @@
+"""How long a draft should be: the package's measured cost curve against a running acceptance estimate.
+
+A verify call over S tokens costs c(S); on this CPU c(2)/c(1) is ~1.0 for float32 weights but ~1.6 for int4
+MatMulNBits, so the same acceptance pays on one package and loses on the other. The curve is measured once per
+package and thread count and cached. With per-level acceptance a, a draft of depth d yields (1 - a^(d+1))/(1 - a)
+tokens per call; the controller picks the d with most tokens per second, and turns drafting off when even the best
+d is slower than plain decoding, probing again every `probe_every` plain steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edge.default_model import cache_dir, sha256_file
+from edge.model import Decoder
+
+SIZES = (1, 2, 4, 8, 16)
+GUARDED_DEVIATION = 0.01
+
+
+@dataclass
+class CostCurve:
+    """Seconds of one target call by number of tokens in it (linear between measured sizes)."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+    deviation: float = 0.0  # largest |logit| difference of a multi-token row from the 1-token step
+
+    @property
+    def margin(self) -> float:
+        """Top-2 gaps below this may be flipped by the multi-token step's rounding: decide them one token at a time.
+
+        Only for rounding-level deviations (float32: ~4e-5, so the guard costs nothing). A kernel whose multi-row
+        path is a different computation (int4 MatMulNBits: ~0.8) also leaves different K/V in the cache, which
+        shifts later 1-token steps as well, so no margin restores identity there; measured: it re-decided a third
+        of the steps and still differed on as many prompts. Those differences are reported as near-ties.
+        """
+        return 2.0 * self.deviation if self.deviation < GUARDED_DEVIATION else 0.0
+
+    def __call__(self, tokens: int) -> float:
+        if tokens > self.sizes[-1]:  # past the measured range: proportional to the largest size
+            return self.seconds[-1] * tokens / self.sizes[-1]
+        return float(np.interp(tokens, self.sizes, self.seconds))
+
+    def relative(self) -> dict[int, float]:
+        return {s: t / self.seconds[0] for s, t in zip(self.sizes, self.seconds)}
+
+    @classmethod
+    def measure(cls, decoder: Decoder, sizes: tuple[int, ...] = SIZES, past: int = 128, repeats: int = 5) -> CostCurve:
+        """Time steps of each size on top of a past of >= `past` tokens; the cache content is left as it was.
+
+        Also compares each multi-token step's logits with 1-token steps over the same tokens: the largest
+        difference is how far a verify row may be from what plain decoding computes.
+        """
+        cache, length = decoder.cache, decoder.cache.length
+        base = min(max(length, past), cache.capacity - max(sizes))
+        if base < 0:
+            raise ValueError(f"a context of {cache.capacity} tokens is too small to measure {max(sizes)}-token steps")
+        saved = [a[:, :, base:length].copy() for a in cache.arrays]  # what the probes overwrite, put back after
+        cache.trim(min(length, base))
+        if cache.length < base:
+            decoder.step([i % decoder.config.vocab_size for i in range(base - cache.length)])
+        probe = [(7 * i + 11) % decoder.config.vocab_size for i in range(max(sizes))]
+        single = np.stack([decoder.step([t])[0].copy() for t in probe])
+        cache.trim(base)
+        seconds, deviation = [], 0.0
+        for size in sizes:
+            times = []
+            for _ in range(repeats + 1):  # the first run of a size warms its buffers
+                start = time.perf_counter()
+                rows = decoder.step(probe[:size], logits_rows=list(range(size)))
+                times.append(time.perf_counter() - start)
+                cache.trim(base)
+            deviation = max(deviation, float(np.abs(rows - single[:size]).max()))
+            seconds.append(float(np.median(times[1:])))
+        for a, kept in zip(cache.arrays, saved):
+            a[:, :, base:length] = kept
+        cache.length = length
+        # Noise must not make a bigger step look cheaper than a smaller one.
+        return cls(tuple(sizes), tuple(np.maximum.accumulate(seconds).tolist()), deviation)
+
+    @classmethod
+    def cached(cls, decoder: Decoder, threads: int | None) -> CostCurve:
+        """The curve for this package and thread count, measured on first use and kept in the edge cache."""
+        key = sha256_file(decoder.package.root / "manifest.json")[:16]
+        path = cache_dir() / "speculative" / f"cost-v2-{key}-t{threads or 0}.json"
+        if path.exists():
+            data = json.loads(path.read_text())
+            return cls(tuple(data["sizes"]), tuple(data["seconds"]), data["deviation"])
+        curve = cls.measure(decoder)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
+            json.dump({"sizes": list(curve.sizes), "seconds": list(curve.seconds), "deviation": curve.deviation}, tmp)
+        os.replace(tmp.name, path)
+        return curve
+
+
+class FixedDepth:
+    """Always the same draft depth: for tests and for measuring a drafter on its own."""
+
+    def __init__(self, depth: int):
+        self.fixed = depth
+
+    def depth(self) -> int:
+        return self.fixed
+
+    def update(self, depth: int, accepted: int, draft_seconds: float) -> None:
+        pass
+
+
+@dataclass
+class AdaptiveDepth:
+    curve: CostCurve
+    size: object  # depth -> nodes verified (the drafter's size())
+    max_depth: int = 8
+    probe_every: int = 16
+    min_gain: float = 1.05  # draft only when the model promises at least this: its estimates are noisy
+    decay: float = 0.9  # weight of older evidence per update: acceptance drifts with the text
+    successes: float = 1.0  # prior: 1 of 3 levels accepted, so a new drafter earns its drafts
+    trials: float = 3.0
+    draft_seconds_per_level: float = 0.0
+    off_steps: int = field(default=0, init=False)
+
+    @property
+    def acceptance(self) -> float:
+        return min(self.successes / self.trials, 0.99)
+
+    def speedup(self, depth: int) -> float:
+        """Expected tokens per second at `depth` relative to plain decoding."""
+        a = self.acceptance
+        tokens = (1 - a ** (depth + 1)) / (1 - a)
+        seconds = self.curve(1 + self.size(depth)) + depth * self.draft_seconds_per_level
+        return tokens * self.curve(1) / seconds
+
+    def best(self) -> tuple[int, float]:
+        return max(((d, self.speedup(d)) for d in range(1, self.max_depth + 1)), key=lambda x: x[1])
+
+    def depth(self) -> int:
+        depth, gain = self.best()
+        if gain >= self.min_gain:
+            self.off_steps = 0
+            return depth
+        self.off_steps += 1
+        if self.off_steps >= self.probe_every:  # losing for now; look again, the text may have changed
+            self.off_steps = 0
+            return depth
+        return 0
+
+    def update(self, depth: int, accepted: int, draft_seconds: float) -> None:
+        """One verify call's outcome: `accepted` of `depth` levels (each level tried until the first miss)."""
+        self.successes = self.decay * self.successes + accepted
+        self.trials = self.decay * self.trials + accepted + (1 if accepted < depth else 0)
+        per_level = draft_seconds / max(depth, 1)
+        self.draft_seconds_per_level = per_level if not self.draft_seconds_per_level else \
+            0.8 * self.draft_seconds_per_level + 0.2 * per_level

@@ -1,0 +1,142 @@
+"""The speculative generation loop: draft, verify in one target call, keep the accepted path, repeat.
+
+The loop yields tokens exactly as plain decoding would (greedy: the same ids; sampling: the same distribution),
+and keeps `history` equal to what the target's KV cache holds, so the engine's prefix reuse keeps working.
+Drafters are tried in order (model-free first): the first that proposes something supplies the draft.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from edge.model import Decoder
+from edge.sampling import Sampler, SamplingParams
+from edge.speculative.adaptive import AdaptiveDepth, CostCurve, FixedDepth
+from edge.speculative.drafter import Draft, Drafter
+from edge.speculative.stats import SpeculativeStats
+from edge.speculative.verify import accept_greedy, accept_sampled, tree_inputs
+
+
+class Speculator:
+    """Drafters plus a draft-length policy per drafter. draft_length=None: adaptive (measured cost curve).
+
+    Greedy exactness: a multi-token step computes the same logits as 1-token steps only up to rounding (fp32:
+    ~4e-5; int4 MatMulNBits takes another kernel path for several rows: up to ~0.9). Where a verify row's top-2
+    gap is under `margin`, its token is decided by a 1-token step instead, as plain decoding would.
+    """
+
+    def __init__(self, drafters: Sequence[Drafter], draft_length: int | None = None, max_depth: int = 8,
+                 threads: int | None = None, margin: float | None = None):
+        if not drafters:
+            raise ValueError("speculation needs at least one drafter")
+        self.drafters = list(drafters)
+        self.draft_length, self.max_depth, self.threads = draft_length, max_depth, threads
+        # None: from the package's measured multi-token vs 1-token logit deviation (see CostCurve.margin).
+        self.margin = margin
+        self.policies: dict[str, AdaptiveDepth | FixedDepth] = {}
+        self.stats = SpeculativeStats()
+
+    @property
+    def name(self) -> str:
+        return "+".join(d.name for d in self.drafters)
+
+    def _policy(self, drafter: Drafter, decoder: Decoder) -> AdaptiveDepth | FixedDepth:
+        """Policies outlive a generation: acceptance learned in one chat turn informs the next."""
+        if drafter.name not in self.policies:
+            if self.draft_length is not None:
+                self.policies[drafter.name] = FixedDepth(self.draft_length)
+            else:
+                curve = CostCurve.cached(decoder, self.threads)
+                self.policies[drafter.name] = AdaptiveDepth(curve, drafter.size, self.max_depth)
+        return self.policies[drafter.name]
+
+    def _margin(self, decoder: Decoder) -> float:
+        """Top-2 logit gap under which a multi-token row is not trusted to pick plain decoding's token."""
+        if self.margin is None:
+            self.margin = CostCurve.cached(decoder, self.threads).margin
+        return self.margin
+
+    def reset(self) -> None:
+        for d in self.drafters:
+            d.reset()
+
+    def _draft(self, decoder: Decoder, context: list[int], depth_cap: int,
+               node_cap: int) -> tuple[Drafter | None, Draft, float]:
+        start = time.perf_counter()
+        for drafter in self.drafters:
+            depth = min(self._policy(drafter, decoder).depth(), depth_cap)
+            while depth > 0 and drafter.size(depth) > node_cap:
+                depth -= 1
+            if depth <= 0:
+                continue
+            draft = drafter.propose(context, depth)
+            if len(draft):
+                return drafter, draft, time.perf_counter() - start
+        return None, Draft(), time.perf_counter() - start
+
+    def tokens(self, decoder: Decoder, history: list[int], logits: np.ndarray, params: SamplingParams,
+               max_tokens: int) -> Iterator[int]:
+        """Yield up to `max_tokens` tokens after `history` (the tokens in the cache; `logits` follow its last).
+
+        The consumer may stop at any yield; the cache and `history` are then cut back to the tokens before the
+        last one yielded, exactly as plain decoding leaves them.
+        """
+        self.stats = SpeculativeStats()  # now, not at the first next(): the engine reads it right away
+        return self._tokens(decoder, history, logits, params, max_tokens, self.stats)
+
+    def _tokens(self, decoder: Decoder, history: list[int], logits: np.ndarray, params: SamplingParams,
+                max_tokens: int, stats: SpeculativeStats) -> Iterator[int]:
+        sampler = Sampler(params)
+        root, fresh, single = sampler(logits), True, False  # first: `logits` is a view the next step overwrites
+        start = time.perf_counter()
+        for d in self.drafters:
+            d.prepare(params)
+            d.begin(history)
+        stats.draft_seconds += time.perf_counter() - start
+        margin = self._margin(decoder) if params.greedy else 0.0
+        base, yielded = len(history), 0
+        try:
+            while True:
+                if fresh:
+                    yielded += 1  # counted before the yield: the consumer may stop right there
+                    yield root
+                if yielded >= max_tokens or len(history) >= decoder.cache.capacity:
+                    return  # a full cache: the engine reports finish_reason "context"
+                depth_cap = 0 if single else max_tokens - yielded - 1  # never draft what would not be emitted
+                node_cap = min(decoder.cache.capacity - len(history), decoder.max_rows) - 1
+                drafter, draft, draft_seconds = self._draft(decoder, history + [root], depth_cap, node_cap)
+                stats.draft_seconds += draft_seconds
+                start = time.perf_counter()
+                past = decoder.cache.length
+                tokens, positions, bias = tree_inputs(past, root, draft)
+                rows = decoder.step(tokens, positions, list(range(len(tokens))), bias)
+                if params.greedy:
+                    verdict = accept_greedy(draft, rows, margin if len(tokens) > 1 else 0.0)
+                else:
+                    verdict = accept_sampled(draft, rows, params, sampler.rng)
+                path = verdict.path if verdict.next_token is not None else verdict.path[:-1]
+                for d in self.drafters:  # only the accepted path's rows: top-k of all rows costs ~0.5 ms each
+                    d.observe([tokens[i] for i in path], rows[path])
+                decoder.cache.keep(past, path)
+                history.extend(tokens[i] for i in path)
+                stats.verify_seconds += time.perf_counter() - start
+                stats.record(drafter.name if drafter else "", len(draft), len(verdict.accepted))
+                if drafter is not None:
+                    self._policy(drafter, decoder).update(max(draft.depths()), len(verdict.accepted),
+                                                          draft_seconds)
+                for i in path[1:]:
+                    yielded += 1
+                    yield tokens[i]
+                if verdict.next_token is None:  # a near-tie in a multi-token row: decide it with a 1-token step
+                    stats.near_ties += 1
+                    root, fresh, single = tokens[verdict.path[-1]], len(verdict.path) > 1, True
+                else:
+                    root, fresh, single = verdict.next_token, True, False
+        finally:
+            keep = base + max(yielded - 1, 0)
+            if len(history) > keep:
+                decoder.cache.trim(keep)
+                del history[keep:]

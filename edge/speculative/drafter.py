@@ -1,0 +1,79 @@
+"""What every drafter proposes: a small tree of guessed continuations, and the one interface they share.
+
+A draft hangs below the *root*, the token the target just produced (not yet in its KV cache). Nodes are listed in
+topological order (a parent before its children), so the flattened list can be verified in one target call with a
+tree attention mask. A chain is the tree where every node's parent is the node before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import numpy as np
+
+from edge.sampling import SamplingParams
+
+ROOT = -1  # parent index of the root's children
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)  # index into tokens, or ROOT
+    # The draft's distribution each node was sampled from (one row per node), for rejection sampling. None: the
+    # drafter is deterministic, its proposal is a point mass on the token.
+    probs: list[np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError(f"{len(self.tokens)} tokens but {len(self.parents)} parents")
+        for i, p in enumerate(self.parents):
+            if not ROOT <= p < i:
+                raise ValueError(f"node {i} has parent {p}: parents must come earlier (topological order)")
+
+    @classmethod
+    def chain(cls, tokens, probs: list[np.ndarray] | None = None) -> Draft:
+        tokens = [int(t) for t in tokens]
+        return cls(tokens, list(range(ROOT, len(tokens) - 1)), probs)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents == list(range(ROOT, len(self.tokens) - 1))
+
+    def depths(self) -> list[int]:
+        """Depth of each node below the root (the root's children have depth 1)."""
+        depth: list[int] = []
+        for p in self.parents:
+            depth.append(1 if p == ROOT else depth[p] + 1)
+        return depth
+
+    def children(self, node: int) -> list[int]:
+        return [i for i, p in enumerate(self.parents) if p == node]
+
+
+class Drafter:
+    """Guesses what the target will say next. Cheap relative to a target step, or it cannot pay off."""
+
+    name = "drafter"
+
+    def propose(self, context: list[int], depth: int) -> Draft:
+        """A draft of at most `depth` levels continuing `context` (the prompt, the output so far and the root)."""
+        raise NotImplementedError
+
+    def size(self, depth: int) -> int:
+        """The most nodes a draft of `depth` levels has: what the target has to verify. Chains: depth."""
+        return depth
+
+    def observe(self, tokens: list[int], logits: np.ndarray) -> None:
+        """See the target's logits for `tokens` (one row each) after a verify call. Most drafters ignore it."""
+
+    def prepare(self, params: SamplingParams) -> None:
+        """Called before a generation with its sampling settings (a draft model samples under the same ones)."""
+
+    def begin(self, context: list[int]) -> None:
+        """Called once a prompt is in the target's cache (a draft model reads it here, not inside a timed draft)."""
+
+    def reset(self) -> None:
+        """Forget per-conversation state (a draft model's cache)."""

@@ -1,0 +1,38 @@
+"""Named drafter combinations for the CLI and the API: model-free first, a draft model where one is given."""
+
+from __future__ import annotations
+
+import os
+
+from edge.errors import EdgeError
+from edge.package import load_package
+from edge.speculative.decode import Speculator
+from edge.speculative.draft_model import DraftModel, check_compatible
+from edge.speculative.prompt_lookup import PromptLookup
+from edge.speculative.token_recycling import TokenRecycling
+
+NAMES = ("prompt-lookup", "recycling", "auto")
+
+
+def make_speculator(spec: str, engine, draft_length: int | None = None) -> Speculator:
+    """`spec`: prompt-lookup, recycling, auto (prompt lookup, else recycling), or a draft package's path
+    (prompt lookup, else the draft model)."""
+    package = engine.package
+    vocab = package.config.vocab_size
+    threads = engine.threads
+    if spec in ("recycling", "auto") and not package.tree_attention:
+        raise EdgeError(f"{package.root} was exported without tree attention, which token recycling needs; "
+                        f"re-export it or use --draft prompt-lookup")
+    if spec == "prompt-lookup":
+        drafters = [PromptLookup()]
+    elif spec == "recycling":
+        drafters = [TokenRecycling(vocab)]
+    elif spec == "auto":
+        drafters = [PromptLookup(), TokenRecycling(vocab)]
+    elif os.path.exists(spec):
+        draft = load_package(spec)
+        check_compatible(package, draft)
+        drafters = [PromptLookup(), DraftModel(draft, engine.context_length, threads=threads)]
+    else:
+        raise EdgeError(f"unknown drafter {spec!r}: use one of {', '.join(NAMES)} or a draft package's folder")
+    return Speculator(drafters, draft_length=draft_length, threads=threads)

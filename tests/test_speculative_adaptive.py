@@ -1,0 +1,73 @@
+"""Adaptive draft length: the cost curve decides, acceptance is tracked, a losing drafter is switched off."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge.export.pipeline import export_model
+from edge.model import Decoder
+from edge.package import load_package
+from edge.speculative import AdaptiveDepth, CostCurve
+from tiny_models import tiny_llama
+
+FLAT = CostCurve((1, 2, 4, 8, 16), (1.0, 1.02, 1.10, 1.31, 1.78))  # float32 weights on this CPU
+STEEP = CostCurve((1, 2, 4, 8, 16), (1.0, 1.64, 2.89, 3.06, 4.16))  # int4 MatMulNBits
+
+
+def chain(depth):
+    return depth
+
+
+def test_curve_interpolates_and_extrapolates():
+    assert FLAT(3) == pytest.approx(1.06) and FLAT(32) == pytest.approx(3.56)
+    assert STEEP.relative()[4] == pytest.approx(2.89)
+
+
+def test_cheap_verification_and_good_acceptance_draft_deep():
+    policy = AdaptiveDepth(FLAT, chain, max_depth=8, successes=9, trials=10)
+    assert policy.depth() >= 6 and policy.best()[1] > 2
+
+
+def test_expensive_verification_and_poor_acceptance_switch_off_then_probe():
+    policy = AdaptiveDepth(STEEP, chain, max_depth=8, probe_every=4)
+    for _ in range(20):
+        policy.update(4, 0, 0.0)  # nothing accepted
+    assert policy.acceptance < 0.1
+    assert [policy.depth() for _ in range(8)] == [0, 0, 0, policy.best()[0], 0, 0, 0, policy.best()[0]]
+
+
+def test_acceptance_estimate_follows_recent_outcomes():
+    policy = AdaptiveDepth(STEEP, chain)
+    for _ in range(30):
+        policy.update(4, 4, 0.0)
+    high = policy.acceptance
+    assert high > 0.9 and policy.depth() > 0
+    for _ in range(30):
+        policy.update(4, 1, 0.0)  # one level accepted, then a miss: per-level acceptance 1/2
+    assert policy.acceptance == pytest.approx(0.5, abs=0.05)
+
+
+def test_draft_time_counts_against_depth():
+    free = AdaptiveDepth(FLAT, chain, successes=7, trials=10)
+    costly = AdaptiveDepth(FLAT, chain, successes=7, trials=10, draft_seconds_per_level=0.5)
+    assert costly.best()[0] < free.best()[0] and costly.best()[1] < free.best()[1]
+
+
+def test_measuring_leaves_the_cache_as_it_was_and_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGE_CACHE", str(tmp_path / "cache"))
+    _, imported = tiny_llama(seed=2)
+    decoder = Decoder(load_package(export_model("tiny", tmp_path / "p", quant="fp32", model=imported)),
+                      context_length=40, threads=1)
+    decoder.prefill(list(range(1, 31)))  # 30 tokens: the 16-token probes must overwrite part of them
+    before = [a[:, :, :30].copy() for a in decoder.cache.arrays]
+    curve = CostCurve.cached(decoder, threads=1)
+    assert decoder.cache.length == 30
+    for a, b in zip(decoder.cache.arrays, before):
+        np.testing.assert_array_equal(a[:, :, :30], b)
+    assert curve.sizes == (1, 2, 4, 8, 16) and all(np.diff(curve.seconds) >= 0)
+    assert 0 <= curve.deviation < 1e-3 and curve.margin == 2 * curve.deviation
+    assert CostCurve(curve.sizes, curve.seconds, 0.5).margin == 0.0  # a different kernel path: no guard
+    files = list((tmp_path / "cache" / "speculative").glob("cost-*-t1.json"))
+    assert len(files) == 1
+    assert CostCurve.cached(decoder, threads=1) == curve  # read back, not measured again

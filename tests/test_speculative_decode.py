@@ -1,0 +1,167 @@
+"""The speculative loop on a tiny model: identical greedy output for every drafter, exact cache after a tree."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from edge.engine import Engine
+from edge.errors import EdgeError
+from edge.export.pipeline import export_model
+from edge.model import Decoder
+from edge.package import load_package
+from edge.speculative import (Draft, DraftModel, Drafter, PromptLookup, Speculator,
+                              check_compatible, make_speculator)
+from edge.speculative.drafter import ROOT
+from edge.speculative.verify import accept_greedy, tree_inputs
+from tiny_models import VOCAB, tiny_llama
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Cost curves of the throwaway tiny packages go to a temporary cache, not ~/.cache/edge."""
+    monkeypatch.setenv("EDGE_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    _, imported = tiny_llama(seed=7, initializer_range=0.3)
+    imported.special_tokens = dataclasses.replace(imported.special_tokens, eos_token_ids=[])
+    root = tmp_path_factory.mktemp("spec")
+    fp32 = export_model("tiny", root / "fp32", quant="fp32", model=imported)
+    int4 = export_model("tiny", root / "int4", quant="int4", model=imported)
+    return fp32, int4
+
+
+def plain_greedy(package, prompt, n):
+    engine = Engine(package, context_length=96, threads=1)
+    return engine.tokenizer.encode(engine.generate(prompt, max_tokens=n), add_special_tokens=False)
+
+
+class Oracle(Drafter):
+    """Knows the greedy answer; proposes it as a tree with a wrong sibling and an error at `miss` depth."""
+
+    name = "oracle"
+
+    def __init__(self, answer, prompt_len, miss=3):
+        self.answer, self.prompt_len, self.miss = answer, prompt_len, miss
+
+    def size(self, depth):
+        return depth + 1
+
+    def propose(self, context, depth):
+        done = len(context) - self.prompt_len  # the root is answer[done - 1]
+        truth = self.answer[done:done + depth]
+        if not truth:
+            return Draft()
+        wrong = [(t + 1) % VOCAB for t in truth]
+        tokens, parents = [wrong[0]], [ROOT]  # a wrong first sibling, then the true chain with one error
+        for i, t in enumerate(truth):
+            tokens.append(wrong[i] if i == self.miss else t)
+            parents.append(ROOT if i == 0 else len(tokens) - 2)
+        return Draft(tokens, parents)
+
+
+PROMPTS = [[3, 14, 15, 9, 26], [5, 35, 8, 9, 7, 9, 3, 2], [1, 2, 3, 1, 2, 3, 1, 2], [40, 41, 42, 43, 44, 45],
+           [11, 22, 11, 22, 11, 60, 61, 11, 22], [77, 12, 77, 12, 50]]
+
+
+@pytest.mark.parametrize("kind", ["prompt-lookup", "recycling", "auto", "draft-int4", "oracle", "distrust-all"])
+def test_greedy_speculation_emits_exactly_plain_greedy(packages, kind):
+    fp32, int4 = packages
+    engine = Engine(fp32, context_length=96, threads=1)
+    accepted = ties = 0
+    for prompt in PROMPTS:
+        expected = plain_greedy(fp32, prompt, 24)
+        if kind == "oracle":
+            engine.speculator = Speculator([Oracle(expected, len(prompt))], draft_length=5)
+        elif kind == "distrust-all":  # every multi-token row counts as a near-tie: the 1-token fallback path
+            engine.speculator = Speculator([Oracle(expected, len(prompt))], draft_length=5, margin=1e9)
+        elif kind == "draft-int4":
+            engine.speculator = Speculator([DraftModel(load_package(int4), 96, threads=1)], draft_length=4)
+        else:
+            engine.speculator = make_speculator(kind, engine, draft_length=4)
+        engine.reset()
+        got = engine.tokenizer.encode(engine.generate(prompt, max_tokens=24), add_special_tokens=False)
+        assert got == expected, (kind, prompt)
+        assert engine.tokens == prompt + expected[:-1]  # exactly what plain decoding leaves in the cache
+        assert engine.decoder.cache.length == len(engine.tokens)
+        accepted += engine.stats.speculative.accepted
+        ties += engine.stats.speculative.near_ties
+    if kind == "distrust-all":
+        assert ties >= len(PROMPTS) * 10
+    elif kind in ("oracle", "draft-int4"):
+        assert accepted > len(PROMPTS) * 5  # the comparison above is not vacuous
+
+
+def test_cache_after_a_partly_accepted_tree_equals_decoding_the_path_one_by_one(packages):
+    fp32, _ = packages
+    prompt = [3, 14, 15, 9, 26, 5]
+    answer = plain_greedy(fp32, prompt, 5)
+    ref = Decoder(load_package(fp32), context_length=32, threads=1)
+    ref.prefill(prompt + answer[:4])
+    tree = Decoder(load_package(fp32), context_length=32, threads=1)
+    tree.prefill(prompt)
+    past = tree.cache.length
+    g1, g2, g3 = answer[1:4]
+    x, y, z = (g1 + 1) % VOCAB, (g2 + 1) % VOCAB, (g3 + 7) % VOCAB
+    draft = Draft([x, g1, z, y, g2, g3], [ROOT, ROOT, 0, 1, 1, 4])  # accepted path g1 -> g2 -> g3 is not a prefix
+    tokens, positions, bias = tree_inputs(past, answer[0], draft)
+    verdict = accept_greedy(draft, tree.step(tokens, positions, list(range(len(tokens))), bias).copy())
+    assert verdict.path == [0, 2, 5, 6] and verdict.accepted == [g1, g2, g3] and verdict.next_token == answer[4]
+    tree.cache.keep(past, verdict.path)
+    assert tree.cache.length == ref.cache.length == len(prompt) + 4
+    for a, b in zip(tree.cache.arrays, ref.cache.arrays):
+        n = ref.cache.length
+        np.testing.assert_allclose(a[:, :, :n], b[:, :, :n], rtol=0, atol=1e-5 * np.abs(b[:, :, :n]).max())
+    np.testing.assert_allclose(tree.step([answer[4]])[0], ref.step([answer[4]])[0], atol=1e-4)
+
+
+def test_limits_and_prefix_reuse_hold_under_speculation(packages):
+    fp32, _ = packages
+    engine = Engine(fp32, context_length=40, threads=1)
+    prompt = PROMPTS[2] * 4  # 32 tokens: 8 fit before the context is full
+    engine.speculator = make_speculator("auto", engine, draft_length=6)
+    out = engine.generate(prompt, max_tokens=30).split()
+    assert engine.stats.finish_reason == "context" and len(out) == 9 and len(engine.tokens) == 40
+    engine.generate(PROMPTS[1], max_tokens=7)
+    first = engine.tokenizer.encode(engine.generate(PROMPTS[1], max_tokens=7), add_special_tokens=False)
+    assert engine.stats.generated_tokens == 7 and engine.stats.finish_reason == "length"
+    follow = PROMPTS[1] + first + [8]
+    engine.generate(follow, max_tokens=3)
+    assert engine.stats.reused_tokens == len(PROMPTS[1]) + len(first) - 1
+
+
+def test_a_draft_with_another_tokenizer_is_refused(packages, tmp_path):
+    fp32, _ = packages
+    _, other = tiny_llama(seed=7)
+    other.special_tokens = dataclasses.replace(other.special_tokens, eos_token_ids=[5])
+    foreign = export_model("tiny", tmp_path / "other", quant="fp32", model=other)
+    with pytest.raises(EdgeError, match="eos_token_ids"):
+        check_compatible(load_package(fp32), load_package(foreign))
+    with pytest.raises(EdgeError, match="unknown drafter"):
+        make_speculator("no-such-drafter", Engine(fp32, context_length=32, threads=1))
+
+
+def test_sampled_speculation_is_reproducible_and_stays_in_top_k(packages):
+    fp32, int4 = packages
+    engine = Engine(fp32, context_length=96, threads=1)
+    engine.speculator = Speculator([PromptLookup(), DraftModel(load_package(int4), 96, threads=1)], draft_length=3)
+    runs = [engine.generate(PROMPTS[0], max_tokens=20, temperature=0.8, top_k=3, seed=11) for _ in range(2)]
+    assert runs[0] == runs[1] and engine.stats.generated_tokens == 20
+    assert engine.stats.speculative.drafted > 0
+
+
+def test_edge_run_draft_prints_speculation_stats(packages, capsys):
+    from edge.apps import run as run_cli
+
+    fp32, _ = packages
+    assert run_cli.main([str(fp32), "t1 t2 t3 t1 t2", "--raw", "-n", "8", "--stats", "--context", "64",
+                         "--draft", "auto", "--draft-length", "3", "--threads", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.split()) == 8
+    assert "[speculative (prompt-lookup+recycling): drafted" in err and "tokens per target call" in err
+    assert run_cli.main([str(fp32), "t1", "--raw", "--context", "64", "--draft", "nonsense"]) == 2
+    assert "unknown drafter" in capsys.readouterr().err

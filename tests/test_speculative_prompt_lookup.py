@@ -1,0 +1,29 @@
+"""Prompt lookup: the longest recent n-gram match decides what is copied."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge.speculative import PromptLookup
+
+
+def test_copies_what_followed_the_most_recent_match_of_the_longest_ngram():
+    pl = PromptLookup(max_ngram=3)
+    # "1 2 3" occurs twice before the suffix; the most recent one (followed by 7 8) wins over "9 9".
+    context = [1, 2, 3, 9, 9, 5, 1, 2, 3, 7, 8, 6, 0, 1, 2, 3]
+    draft = pl.propose(context, 4)
+    assert draft.tokens == [7, 8, 6, 0] and draft.is_chain
+
+
+def test_falls_back_to_shorter_ngrams_and_respects_depth():
+    pl = PromptLookup(max_ngram=3)
+    assert PromptLookup().propose([4, 5, 6, 1, 2, 8, 8, 2], 2).tokens == [8, 8]  # only the unigram "2" matches
+    assert pl.propose([1, 2, 3, 4, 5, 3], 10).tokens == [4, 5, 3]  # stops at the end of the context
+    assert pl.propose([1, 2, 3, 4], 3).tokens == []  # nothing repeats
+    assert pl.propose([1, 2, 1], 0).tokens == []
+
+
+def test_min_ngram_excludes_weak_matches():
+    assert PromptLookup(max_ngram=3, min_ngram=2).propose([4, 5, 6, 1, 2, 8, 8, 2], 2).tokens == []
+    with pytest.raises(ValueError):
+        PromptLookup(max_ngram=1, min_ngram=2)

@@ -1,0 +1,42 @@
+"""Token recycling: the successor table learns from verify logits and grows a breadth-first draft tree."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge.speculative import TokenRecycling
+from edge.speculative.drafter import ROOT
+
+
+def logits_preferring(vocab, order):
+    row = np.zeros(vocab, np.float32)
+    row[order] = np.linspace(10, 5, len(order))
+    return row
+
+
+def test_observe_stores_the_top_k_in_order_and_newer_evidence_wins():
+    tr = TokenRecycling(20, top_k=3, widths=(2, 1))
+    tr.observe([4], logits_preferring(20, [7, 1, 9, 3])[None])
+    assert tr.successors[4].tolist() == [7, 1, 9]
+    tr.observe([4], logits_preferring(20, [2, 7, 1])[None])
+    assert tr.successors[4].tolist() == [2, 7, 1]
+    assert (tr.successors[5] == -1).all()
+
+
+def test_breadth_first_tree_follows_the_table_with_level_widths():
+    tr = TokenRecycling(20, top_k=3, widths=(2, 2, 1), max_nodes=8)
+    rows = np.stack([logits_preferring(20, o) for o in ([7, 1, 9], [3, 4, 5], [6, 2, 8], [11, 12, 13])])
+    tr.observe([0, 7, 1, 3], rows)
+    draft = tr.propose([5, 0], 3)
+    # level 1: 7, 1 (children of the root 0); level 2: 3, 4 under 7 and 6, 2 under 1; level 3: 11 under 3.
+    assert draft.tokens == [7, 1, 3, 4, 6, 2, 11]
+    assert draft.parents == [ROOT, ROOT, 0, 0, 1, 1, 2]
+    assert tr.size(3) == 8 and tr.size(2) == 6 and tr.propose([5, 0], 1).tokens == [7, 1]
+    assert tr.propose([5, 19], 3).tokens == []  # nothing known about 19
+
+
+def test_max_nodes_caps_the_tree():
+    tr = TokenRecycling(20, top_k=3, widths=(3, 3), max_nodes=5)
+    tr.observe([0, 1, 2, 3], np.stack([logits_preferring(20, [1, 2, 3])] * 4))
+    draft = tr.propose([0], 2)
+    assert len(draft) == 5 == tr.size(2)
