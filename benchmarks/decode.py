@@ -141,13 +141,19 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--worker", nargs=2, metavar=("SYSTEM", "PATH"))
+    p.add_argument("--spin-both", action="store_true", help="measure edge with and without thread spinning")
     args = p.parse_args()
     if args.worker:
         return worker(*args.worker, args.threads)
     packages = prepare()
+    if args.spin_both:  # edge with worker threads spinning (EDGE_SPIN=1) and sleeping (0), side by side
+        for name in [n for n in packages if n.startswith("edge")]:
+            path = packages.pop(name)
+            packages[f"{name} spin"], packages[f"{name} no-spin"] = path, path
     runs: dict[str, list[dict]] = {name: [] for name in packages}
     for _ in range(args.runs):
         for name, path in packages.items():
+            os.environ["EDGE_SPIN"] = "0" if name.endswith("no-spin") else "1"
             runs[name].append(measure(name, path, args.threads))
     print(f"| system | prompt tokens | prefill tok/s | decode tok/s | peak RSS MiB |  (medians of {args.runs}, "
           f"{args.threads} threads, {NEW_TOKENS} new tokens)")

@@ -6,6 +6,7 @@ the providers a session really got are checked after creation.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import onnxruntime as ort
@@ -14,11 +15,19 @@ import psutil
 from edge.errors import DeviceError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+DEFAULT_SPIN = "1"
 
 
 def default_threads() -> int:
     """Physical cores: hyper-threads only add contention to memory-bound decoding."""
     return psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+
+
+def spin_setting() -> str:
+    """Whether idle worker threads spin between ops. Spinning saves a wake-up per op on an idle machine, but on a
+    busy one a spinning thread burns the core that another thread needs (measured: 2x slower decoding with 2
+    threads on 2 busy cores). EDGE_SPIN=1 or 0 overrides the default; benchmarks/decode.py measures both."""
+    return "1" if os.environ.get("EDGE_SPIN", DEFAULT_SPIN) == "1" else "0"
 
 
 def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
@@ -36,7 +45,7 @@ def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin_setting())
     if device != "cpu":
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     for domain in custom_ops or []:
