@@ -9,7 +9,6 @@ from __future__ import annotations
 
 
 import numpy as np
-import onnxruntime as ort
 
 from edge.errors import ContextOverflowError
 from edge.kv_cache import KVCache
@@ -18,6 +17,34 @@ from edge.session import create_session
 
 DEFAULT_PREFILL_CHUNK = 512
 MASKED = np.float32(-1e9)  # what GroupQueryAttention's tree bias uses for "not an ancestor"
+
+
+def step_inputs(past: int, n: int, capacity: int, positions, attention_bias, tree_attention: bool,
+                package_root) -> dict[str, np.ndarray]:
+    """The per-step inputs of GroupQueryAttention (lengths, positions, tree bias) for n new tokens after `past`:
+    shared by every decoder graph, whole (Decoder) or one layer at a time (edge.paging.PagedDecoder)."""
+    total = past + n
+    if total > capacity:
+        raise ContextOverflowError(f"{total} tokens do not fit in the context of {capacity}")
+    if positions is None:
+        positions = np.arange(past, total, dtype=np.int64)
+    inputs = {"position_ids": np.asarray(positions, dtype=np.int64).reshape(1, n),
+              "seqlens_k": np.array([total - 1], dtype=np.int32),
+              "total_sequence_length": np.array(total, dtype=np.int32)}
+    if tree_attention:
+        bias = np.zeros((1, 1, n, total), np.float32) if attention_bias is None else attention_bias  # causal
+        inputs["attention_bias"] = np.ascontiguousarray(bias, dtype=np.float32)
+    elif attention_bias is not None:
+        raise ValueError(f"{package_root} was exported without tree attention; re-export it")
+    return inputs
+
+
+def logits_index(n: int, rows, max_rows: int) -> np.ndarray:
+    """Which of the n new tokens get logits (default: the last)."""
+    index = np.asarray([n - 1] if rows is None else rows, dtype=np.int64)
+    if len(index) > max_rows:
+        raise ValueError(f"at most {max_rows} logits rows per step, asked for {len(index)}")
+    return index
 
 
 class Decoder:
@@ -45,31 +72,17 @@ class Decoder:
         The returned array is a view of a buffer the next step overwrites: copy it to keep it.
         """
         tokens = np.asarray(tokens, dtype=np.int64).reshape(1, -1)
-        past, n = self.cache.length, tokens.shape[1]
-        total = past + n
-        if total > self.cache.capacity:
-            raise ContextOverflowError(f"{total} tokens do not fit in the context of {self.cache.capacity}")
-        if positions is None:
-            positions = np.arange(past, total, dtype=np.int64)
-        rows = np.asarray([n - 1] if logits_rows is None else logits_rows, dtype=np.int64)
-        if len(rows) > self.max_rows:
-            raise ValueError(f"at most {self.max_rows} logits rows per step, asked for {len(rows)}")
+        n = tokens.shape[1]
+        inputs = step_inputs(self.cache.length, n, self.cache.capacity, positions, attention_bias,
+                             self.tree_attention, self.package.root)
+        rows = logits_index(n, logits_rows, self.max_rows)
         b = self._binding
-        b.bind_cpu_input("input_ids", tokens)
-        b.bind_cpu_input("position_ids", np.asarray(positions, dtype=np.int64).reshape(1, n))
-        b.bind_cpu_input("seqlens_k", np.array([total - 1], dtype=np.int32))
-        b.bind_cpu_input("total_sequence_length", np.array(total, dtype=np.int32))
-        b.bind_cpu_input("logits_index", rows)
-        if self.tree_attention:
-            if attention_bias is None:
-                attention_bias = np.zeros((1, 1, n, total), np.float32)  # plain causal attention
-            b.bind_cpu_input("attention_bias", np.ascontiguousarray(attention_bias, dtype=np.float32))
-        elif attention_bias is not None:
-            raise ValueError(f"{self.package.root} was exported without tree attention; re-export it")
+        for name, value in (("input_ids", tokens), ("logits_index", rows), *inputs.items()):
+            b.bind_cpu_input(name, value)
         out = self._logits[: len(rows)]
         b.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
         self.session.run_with_iobinding(b)
-        self.cache.length = total
+        self.cache.length += n
         return out
 
     def prefill(self, tokens, chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:

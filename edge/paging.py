@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from edge.errors import ContextOverflowError, DeviceError, PackageError
+from edge.errors import DeviceError, PackageError
 from edge.kv_cache import KVCache
-from edge.model import DEFAULT_PREFILL_CHUNK, Decoder
+from edge.model import DEFAULT_PREFILL_CHUNK, Decoder, logits_index, step_inputs
 from edge.package import Package
 from edge.session import create_session
 
@@ -219,20 +219,12 @@ class PagedDecoder:
     def step(self, tokens, positions=None, logits_rows=None, attention_bias: np.ndarray | None = None) -> np.ndarray:
         """Decoder.step: append `tokens` to the cache, return logits rows (a view the next step overwrites)."""
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        past, n = self.cache.length, len(tokens)
-        total = past + n
-        if total > self.cache.capacity:
-            raise ContextOverflowError(f"{total} tokens do not fit in the context of {self.cache.capacity}")
+        n = len(tokens)
         if n > self.max_tokens:
             raise ValueError(f"at most {self.max_tokens} tokens per step (the paged decoder's max_tokens), got {n}")
-        if positions is None:
-            positions = np.arange(past, total, dtype=np.int64)
-        rows = np.asarray([n - 1] if logits_rows is None else logits_rows, dtype=np.int64)
-        if len(rows) > self.max_rows:
-            raise ValueError(f"at most {self.max_rows} logits rows per step, asked for {len(rows)}")
-        if attention_bias is not None and not self.tree_attention:
-            raise ValueError(f"{self.package.root} was exported without tree attention; re-export it")
-        inputs = self._step_inputs(positions, n, total, attention_bias)
+        inputs = step_inputs(self.cache.length, n, self.cache.capacity, positions, attention_bias,
+                             self.tree_attention, self.package.root)
+        rows = logits_index(n, logits_rows, self.max_rows)
         for name, value in inputs.items():
             self._layer.bind_cpu_input(name, value)
         hidden = self._hidden[0, :n]
@@ -246,17 +238,8 @@ class PagedDecoder:
             if self.window is not None:
                 self.window.finish_pass()  # keep the reader's visit order aligned with the next pass
             raise
-        self.cache.length = total
+        self.cache.length += n
         return self._run_head(n, rows)
-
-    def _step_inputs(self, positions, n: int, total: int, attention_bias) -> dict[str, np.ndarray]:
-        inputs = {"position_ids": np.asarray(positions, dtype=np.int64).reshape(1, n),
-                  "seqlens_k": np.array([total - 1], dtype=np.int32),
-                  "total_sequence_length": np.array(total, dtype=np.int32)}
-        if self.tree_attention:
-            bias = np.zeros((1, 1, n, total), np.float32) if attention_bias is None else attention_bias
-            inputs["attention_bias"] = np.ascontiguousarray(bias, dtype=np.float32)
-        return inputs
 
     def _run_layer(self, layer: int, n: int) -> None:
         paged = layer >= len(self.pinned)

@@ -63,7 +63,7 @@ def generated_ids(engine, prompt):
 
 @pytest.mark.parametrize("kind", ["prompt-lookup", "recycling", "draft-int4"])
 def test_greedy_speculation_equals_plain_greedy_on_20_prompts(setup, kind):
-    from edge.speculative import DraftModel, PromptLookup, Speculator, make_speculator
+    from edge.speculative import DraftModel, Speculator, make_speculator
 
     engine, int4, expected = setup
     if kind == "draft-int4":  # a fixed depth: the adaptive policy turns this draft off on a busy machine
