@@ -5,13 +5,7 @@ from edge.export.quant import QuantizationError
 from edge.export.quant.decoupleq import DecoupleQConfig, run_decoupleq
 from edge.export.quant.hessian import damped, weighted_error
 from edge.export.quant.rtn import quantize_rtn
-
-
-def correlated_hessian(k: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    mix = rng.normal(size=(k, k)) / np.sqrt(k) + np.eye(k)
-    x = (rng.normal(size=(2048, k)) @ mix) * np.exp(0.5 * rng.normal(size=k))
-    return x.T @ x / len(x)
+from quant_util import correlated_hessian
 
 
 @pytest.fixture(scope="module")

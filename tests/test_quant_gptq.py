@@ -4,13 +4,7 @@ import pytest
 from edge.export.quant.gptq import quantize_gptq
 from edge.export.quant.hessian import weighted_error
 from edge.export.quant.rtn import quantize_rtn
-
-
-def correlated_hessian(k: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    mix = rng.normal(size=(k, k)) / np.sqrt(k) + np.eye(k)
-    x = (rng.normal(size=(2048, k)) @ mix) * np.exp(0.5 * rng.normal(size=k))
-    return x.T @ x / len(x)
+from quant_util import correlated_hessian
 
 
 def test_identity_hessian_is_round_to_nearest():

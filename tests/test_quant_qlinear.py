@@ -12,13 +12,7 @@ from edge.export.quant import QuantizationError
 from edge.export.quant.decoupleq import DecoupleQConfig, quantize_decoupleq
 from edge.export.quant.qlinear import QuantizedLinear, block_sums
 from edge.export.quant.spqr import SpqrConfig, quantize_spqr
-
-
-def correlated_hessian(k: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    mix = rng.normal(size=(k, k)) / np.sqrt(k) + np.eye(k)
-    x = (rng.normal(size=(1024, k)) @ mix) * np.exp(0.5 * rng.normal(size=k))
-    return x.T @ x / len(x)
+from quant_util import correlated_hessian
 
 
 def stock_op_session(form: dict, m: int) -> ort.InferenceSession:
@@ -74,7 +68,7 @@ def test_spqr_layer_runs_exactly_in_stock_ops(bits, float_zero):
     rng = np.random.default_rng(bits)
     w = (rng.normal(size=(48, 112)) * 0.05).astype(np.float32)
     w.flat[rng.choice(w.size, 20, replace=False)] += 1.0
-    q = quantize_spqr(w, correlated_hessian(112, 2), SpqrConfig(bits=bits, float_zero=float_zero))
+    q = quantize_spqr(w, correlated_hessian(112, 2, samples=1024), SpqrConfig(bits=bits, float_zero=float_zero))
     assert q.outliers is not None and q.outliers.nnz >= 15
     assert (q.offsets is not None) == float_zero
     check_layer(q, 112)
@@ -94,7 +88,8 @@ def test_from_float_zeros_is_exact():
 @pytest.mark.parametrize("bits,group_size,block_size", [(2, 64, None), (2, 10_000, 32), (3, 32, 16), (4, 128, 64)])
 def test_decoupleq_layer_with_float_zeros_runs_exactly(bits, group_size, block_size):
     w = (np.random.default_rng(7).normal(size=(40, 200)) * 0.05).astype(np.float32)
-    q = quantize_decoupleq(w, correlated_hessian(200, 3), DecoupleQConfig(bits=bits, group_size=group_size, rounds=2))
+    h = correlated_hessian(200, 3, samples=1024)
+    q = quantize_decoupleq(w, h, DecoupleQConfig(bits=bits, group_size=group_size, rounds=2))
     assert q.offsets is not None
     check_layer(q, 200, block_size)
 

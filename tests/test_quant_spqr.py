@@ -6,14 +6,7 @@ from edge.export.quant.bits import runtime_bits_per_weight, storage_bits_per_wei
 from edge.export.quant.hessian import weighted_error
 from edge.export.quant.rtn import quantize_rtn
 from edge.export.quant.spqr import SpqrConfig, leave_one_out_gain, quantize_spqr
-
-
-def correlated_hessian(k: int, seed: int) -> np.ndarray:
-    """X^T X of correlated inputs with unequal channel scales, like a real layer's (not the identity)."""
-    rng = np.random.default_rng(seed)
-    mix = rng.normal(size=(k, k)) / np.sqrt(k) + np.eye(k)
-    x = (rng.normal(size=(2048, k)) @ mix) * np.exp(0.5 * rng.normal(size=k))
-    return x.T @ x / len(x)
+from quant_util import correlated_hessian
 
 
 @pytest.fixture(scope="module")
