@@ -110,6 +110,8 @@ def bench_shape(k: int, n: int, budget_s: float, rng: np.random.Generator) -> li
     q_model, q_feeds = qmatmul_model(packed, ["M", k], weights_as_inputs=True)
     sessions = {"qmatmul": (session(qmatmul_model(packed, ["M", k])[0].SerializeToString(), True), {}),
                 "qmatmul_inputs": (session(q_model.SerializeToString(), True), q_feeds),
+                "qmatmul_int8": (session(qmatmul_model(packed, ["M", k], accuracy_level=4)[0].SerializeToString(),
+                                         True), {}),
                 "matmulnbits": (session(matmulnbits_model(codes, scales, zeros, k, n), False), {}),
                 "matmul_f32": (session(float_model(w, k, n), False), {})}
     rows = []
@@ -124,6 +126,7 @@ def table(rows: list[dict], load: str, stat: str = "") -> str:
     """The per-op table; stat "" for medians, "_min" for the fastest call (less disturbed by other processes)."""
     get = {r_id: {v: r[v + stat] for v in VARIANTS} for r_id, r in enumerate(rows)}
     one = {(r["K"], r["N"]): get[i]["qmatmul"] for i, r in enumerate(rows) if r["M"] == 1}
+    one8 = {(r["K"], r["N"]): get[i]["qmatmul_int8"] for i, r in enumerate(rows) if r["M"] == 1}
     what = "Median" if not stat else "Fastest"
     lines = [
         f"## edge.QMatMul vs MatMulNBits vs float32 MatMul (CPU, {THREADS} thread{'s' if THREADS > 1 else ''}, "
@@ -131,22 +134,25 @@ def table(rows: list[dict], load: str, stat: str = "") -> str:
         f"onnxruntime {ort.__version__}, edge.QMatMul kernel: {ek.kernel_isa(BITS)}, {BITS}-bit, group {GROUP}, "
         f"uint8 zero points; MatMulNBits constant, accuracy_level 4. {what} time per call in microseconds "
         f"(variants timed in alternating bursts, warm caches). Load while measuring: {load}.",
-        "", "| K | N | M | QMatMul | QMatMul (W as inputs) | MatMulNBits | f32 MatMul | QMatMul / MatMulNBits "
-        "| QMatMul M / M=1 | inputs / const |",
-        "|---|---|---|---|---|---|---|---|---|---|"]
+        "QMatMul int8: accuracy_level 4 (int8 activations, like MatMulNBits' level 4).",
+        "", "| K | N | M | QMatMul | QMatMul (W as inputs) | QMatMul int8 | MatMulNBits | f32 MatMul "
+        "| QMatMul / MatMulNBits | QMatMul int8 / MatMulNBits | QMatMul M / M=1 | int8 M / M=1 | inputs / const |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows):
         t = get[i]
         us = {key: t[key] * 1e6 for key in VARIANTS}
         lines.append(f"| {r['K']} | {r['N']} | {r['M']} | {us['qmatmul']:.1f} | {us['qmatmul_inputs']:.1f} | "
-                     f"{us['matmulnbits']:.1f} | {us['matmul_f32']:.1f} | {t['qmatmul'] / t['matmulnbits']:.2f} | "
-                     f"{t['qmatmul'] / one[(r['K'], r['N'])]:.2f} | {t['qmatmul_inputs'] / t['qmatmul']:.2f} |")
+                     f"{us['qmatmul_int8']:.1f} | {us['matmulnbits']:.1f} | {us['matmul_f32']:.1f} | "
+                     f"{t['qmatmul'] / t['matmulnbits']:.2f} | {t['qmatmul_int8'] / t['matmulnbits']:.2f} | "
+                     f"{t['qmatmul'] / one[(r['K'], r['N'])]:.2f} | {t['qmatmul_int8'] / one8[(r['K'], r['N'])]:.2f} | "
+                     f"{t['qmatmul_inputs'] / t['qmatmul']:.2f} |")
     return "\n".join(lines) + "\n" + model_table(rows, stat)
 
 
 # SmolLM2-135M's matmuls per step, unfused: per layer q, o (576x576), k, v (576x192), gate, up (576x1536 as K x N),
 # down (1536x576); 30 layers; plus the tied lm_head (576x49152).
 MODEL_STEP = {(576, 576): 60, (576, 192): 60, (576, 1536): 60, (1536, 576): 30, (576, 49152): 1}
-VARIANTS = ("qmatmul", "qmatmul_inputs", "matmulnbits", "matmul_f32")
+VARIANTS = ("qmatmul", "qmatmul_inputs", "qmatmul_int8", "matmulnbits", "matmul_f32")
 
 
 def model_table(rows: list[dict], stat: str = "") -> str:
@@ -158,7 +164,8 @@ def model_table(rows: list[dict], stat: str = "") -> str:
             step[v] += MODEL_STEP[(r["K"], r["N"])] * r[v + stat]
     lines = ["", "Matmuls of one SmolLM2-135M step (the times above summed over 30 layers and the lm_head), ms; "
              "in brackets the cost relative to the same variant's 1-token step.", "",
-             "| M | QMatMul | QMatMul (W as inputs) | MatMulNBits | f32 MatMul |", "|---|---|---|---|---|"]
+             "| M | QMatMul | QMatMul (W as inputs) | QMatMul int8 | MatMulNBits | f32 MatMul |",
+             "|---|---|---|---|---|---|"]
     for m, step in sorted(by_m.items()):
         cells = [f"{step[v] * 1e3:.2f} ({step[v] / by_m[1][v]:.2f}x)" for v in VARIANTS]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")

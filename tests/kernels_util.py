@@ -39,10 +39,10 @@ class QMatMulRunner:
     """One session of a one-node QMatMul model, run through IOBinding with an output pre-filled with NaN."""
 
     def __init__(self, packed: ek.PackedWeight, bias: np.ndarray | None = None, weights_as_inputs: bool = False,
-                 rank3: bool = False, threads: int = 2):
+                 rank3: bool = False, threads: int = 2, accuracy_level: int = 0):
         ensure_library()
         x_shape = [1, "M", packed.k] if rank3 else ["M", packed.k]
-        model, self.feeds = qmatmul_model(packed, x_shape, bias, weights_as_inputs)
+        model, self.feeds = qmatmul_model(packed, x_shape, bias, weights_as_inputs, accuracy_level)
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         ek.register(so)

@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+import edge.kernels as ek
 from edge.kernels.graph import qmatmul_model
 from kernels_util import QMatMulRunner, assert_close_to_reference, ensure_library, make_weight
 
@@ -69,6 +70,34 @@ def test_batch_invariance(bits: int) -> None:
     other = rng.standard_normal((8, 192)).astype(np.float32)
     other[3] = x[5]
     np.testing.assert_array_equal(run(other)[3], singles[5])
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("zeros", ["uint8", "float32"])
+def test_int8_activations_are_close_batch_invariant_and_really_int8(group: int, zeros: str) -> None:
+    """accuracy_level 4: x rounded to int8 per row and group. Still each element within 2% of its magnitude bound,
+    still bitwise batch-invariant, and measurably less exact than level 0 on 4-bit (so the attribute took effect;
+    other bit widths run the fp32 kernels and ignore it)."""
+    rng = np.random.default_rng(group)
+    packed, w = make_weight(rng, 72, 256, 4, group, zeros=zeros, outliers=20)
+    bias = rng.standard_normal(72).astype(np.float32)
+    fast, exact = QMatMulRunner(packed, bias, accuracy_level=4), QMatMulRunner(packed, bias)
+    x = rng.standard_normal((17, 256)).astype(np.float32)
+    y = fast(x)
+    assert_close_to_reference(y, x, w, bias, rtol=2e-2)
+    np.testing.assert_array_equal(np.concatenate([fast(x[i : i + 1]) for i in range(17)]), y)
+    if ek.kernel_isa(4) in ("avx512vnni", "avxvnni"):
+        assert np.abs(y - exact(x)).max() > 1e-4 * np.abs(y).max()
+
+
+def test_bad_accuracy_level_is_refused() -> None:
+    ensure_library()
+    packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32)
+    model, _ = qmatmul_model(packed, ["M", 64], accuracy_level=2)
+    so = ort.SessionOptions()
+    ek.register(so)
+    with pytest.raises(Exception, match="accuracy_level must be 0"):
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def test_rank3_input_and_single_thread_match() -> None:
@@ -166,6 +195,12 @@ for bits in (2, 3, 4):
     assert_close_to_reference(y, x, w, bias)
     np.testing.assert_array_equal(np.concatenate([run(x[i:i + 1]) for i in range(9)]), y)
     out[bits] = y.tobytes().hex()
+    if bits == 4:
+        fast = QMatMulRunner(packed, bias, accuracy_level=4)
+        y = fast(x)
+        assert_close_to_reference(y, x, w, bias, rtol=2e-2)
+        np.testing.assert_array_equal(np.concatenate([fast(x[i:i + 1]) for i in range(9)]), y)
+        out["4-int8"] = y.tobytes().hex()
 print(json.dumps(out))
 """
 
@@ -192,6 +227,7 @@ def test_portable_and_vector_paths_are_each_exact_and_batch_invariant() -> None:
     runs = {isa: _run_isa(isa) for isa in (None, "avx512vnni", "avxvnni", "avx512", "avx2", "portable")}
     assert runs["avx512"] == runs["avx2"]
     assert runs["avxvnni"]["4"] == runs["avx512vnni"]["4"] == runs[None]["4"]
+    assert runs["avxvnni"]["4-int8"] == runs["avx512vnni"]["4-int8"] == runs[None]["4-int8"]
     assert runs[None]["2"] == runs["avx2"]["2"] and runs[None]["3"] == runs["avx2"]["3"]
 
 

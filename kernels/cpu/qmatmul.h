@@ -11,6 +11,7 @@
 // group (row_group_sums), so the inner loop is decode + one FMA per row; the decode is shared by all rows of a call.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -36,7 +37,8 @@ struct QMatMulArgs {
   const int32_t* outlier_rowptr = nullptr;   // (N + 1,)
   int64_t outlier_nnz = 0;
   const float* xq = nullptr;    // x as the vector kernels read it (see qmatmul_simd.h); x itself for 3-bit
-  const int32_t* xd = nullptr;  // VNNI kernel: per row and 8-k unit, 6 words of signed 8-bit digits (prepare_digits)
+  const int32_t* xd = nullptr;  // VNNI kernel: per row and 8-k unit, 2 * digits words of signed 8-bit digits
+  int digits = 3;               // VNNI kernel: 3 (x to 23 bits) or 1 (x to int8: accuracy_level 4)
   const float* xpow = nullptr;   // VNNI kernel: (M, G) power-of-two scale of each row's group
   const float* xsum = nullptr;  // (M, G): per row and group sum of x, see row_group_sums
   float* y = nullptr;           // (M, N)
@@ -64,8 +66,22 @@ void qmatmul_tiles_avxvnni(const QMatMulArgs& a, int64_t t0, int64_t t1);     //
 
 // For the VNNI kernel: x in block floating point per row and group (|x_int| <= 2^22 times a power of two, xpow),
 // written as three signed 8-bit digits in the order the kernel reads them; xsum receives the sums of the rounded x.
-// xd is (M, Kp/8, 6) int32, xpow and xsum are (M, G).
+// xd is (M, Kp/8, 2 * a.digits) int32, xpow and xsum are (M, G). With a.digits == 1, |x_int| <= 127 in one byte.
 void prepare_digits(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum);
+
+// How one row's group of x becomes integers: x_int = round(x * mul), x ~ x_int * step. Three digits: a power of two
+// with |x_int| <= 2^22 (exact scaling, 23 bits). One digit: step = amax / 127 as MatMulNBits does, because a power
+// of two would waste up to a bit of the byte. Shared so the scalar and vector preparations round identically.
+struct DigitScale {
+  float mul, step;
+};
+inline DigitScale digit_scale(float amax, int digits) {
+  if (digits == 1) return amax > 0.0f ? DigitScale{127.0f / amax, amax / 127.0f} : DigitScale{1.0f, 0.0f};
+  int e = 0;
+  if (amax > 0.0f) std::frexp(amax, &e);                 // amax < 2^e
+  const int shift = 22 - e < 126 ? 22 - e : 126;         // tiny groups keep fewer bits
+  return {std::ldexp(1.0f, shift), std::ldexp(1.0f, -shift)};
+}
 void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum);  // same output, faster
 
 // The activations the vector kernels read: code i of a packed word is decoded in place as q * 2^(bits*i), so x[k] is

@@ -13,7 +13,7 @@ namespace edge {
 namespace {
 
 // One group of one row: scale, round, split into digits, and store them in the kernel's order (see prepare_digits).
-void group_digits(const float* x, int64_t group, int32_t* out, float* pow_out, float* sum_out) {
+void group_digits(const float* x, int64_t group, int digits, int32_t* out, float* pow_out, float* sum_out) {
   const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   __m512 vmax = _mm512_setzero_ps();
   __mmask16 bad = 0;
@@ -24,19 +24,18 @@ void group_digits(const float* x, int64_t group, int32_t* out, float* pow_out, f
   }
   const float amax = _mm512_reduce_max_ps(vmax);
   if (bad != 0) {  // inf/nan in x: the row's outputs become NaN, as in fp32
-    for (int64_t i = 0; i < group / 8 * 6; ++i) out[i] = 0;
+    for (int64_t i = 0; i < group / 8 * 2 * digits; ++i) out[i] = 0;
     *pow_out = *sum_out = std::numeric_limits<float>::quiet_NaN();
     return;
   }
-  int e = 0;
-  if (amax > 0.0f) std::frexp(amax, &e);  // amax < 2^e
-  const int shift = 22 - e < 126 ? 22 - e : 126;  // |x * 2^shift| <= 2^22; tiny groups keep fewer bits
-  const __m512 mul = _mm512_set1_ps(std::ldexp(1.0f, shift));
+  const DigitScale scale = digit_scale(amax, digits);
+  const __m512 mul = _mm512_set1_ps(scale.mul);
   // Bytes 0..15 of a 16-k block = digits of k0..k15; gather even then odd k of each 8-k unit.
   const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
   __m512i vsum = _mm512_setzero_si512();
   for (int64_t i = 0; i < group; i += 16) {
-    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), mul));  // round to nearest even
+    __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), mul));  // round to nearest even
+    if (digits == 1) v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
     vsum = _mm512_add_epi32(vsum, v);
     const __m512i d0 = _mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24);
     const __m512i v1 = _mm512_srai_epi32(_mm512_sub_epi32(v, d0), 8);
@@ -46,14 +45,13 @@ void group_digits(const float* x, int64_t group, int32_t* out, float* pow_out, f
     _mm_store_si128(reinterpret_cast<__m128i*>(w[0]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(d0), order));
     _mm_store_si128(reinterpret_cast<__m128i*>(w[1]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(d1), order));
     _mm_store_si128(reinterpret_cast<__m128i*>(w[2]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(d2), order));
-    int32_t* unit = out + i / 8 * 6;  // two units: [even d0 d1 d2, odd d0 d1 d2] each
+    int32_t* unit = out + i / 8 * 2 * digits;  // two units: [even d0.., odd d0..] each
     for (int u = 0; u < 2; ++u)
       for (int p = 0; p < 2; ++p)
-        for (int j = 0; j < 3; ++j) unit[u * 6 + p * 3 + j] = w[j][u * 2 + p];
+        for (int j = 0; j < digits; ++j) unit[u * 2 * digits + p * digits + j] = w[j][u * 2 + p];
   }
-  const float pow2 = std::ldexp(1.0f, -shift);
-  *pow_out = pow2;
-  *sum_out = static_cast<float>(_mm512_reduce_add_epi32(vsum)) * pow2;
+  *pow_out = scale.step;
+  *sum_out = static_cast<float>(_mm512_reduce_add_epi32(vsum)) * scale.step;
 }
 
 }  // namespace
@@ -62,8 +60,8 @@ void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float
   const int64_t units_total = a.Kp / 8;
   for (int64_t m = 0; m < a.M; ++m)
     for (int64_t g = 0; g < a.G; ++g)
-      group_digits(a.x + m * a.ldx + g * a.group, a.group, xd + (m * units_total + g * (a.group / 8)) * 6,
-                   xpow + m * a.G + g, xsum + m * a.G + g);
+      group_digits(a.x + m * a.ldx + g * a.group, a.group, a.digits,
+                   xd + (m * units_total + g * (a.group / 8)) * 2 * a.digits, xpow + m * a.G + g, xsum + m * a.G + g);
 }
 
 namespace {

@@ -99,6 +99,7 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
   a.N = k.N;
   a.bits = k.bits;
   a.group = k.group;
+  a.digits = k.digits;
   finish_layout(a);
   if (std::string err = check(k, in, a); !err.empty()) return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
   a.M = in[0].count / k.K;

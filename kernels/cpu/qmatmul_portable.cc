@@ -162,7 +162,7 @@ void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float
 namespace {
 
 // One group of one row, exactly as the AVX-512 version (same rounding, same digits, same order).
-void group_digits(const float* x, int64_t group, int32_t* out, float* pow_out, float* sum_out) {
+void group_digits(const float* x, int64_t group, int digits, int32_t* out, float* pow_out, float* sum_out) {
   float amax = 0.0f;
   bool bad = false;
   for (int64_t i = 0; i < group; ++i) {
@@ -171,21 +171,20 @@ void group_digits(const float* x, int64_t group, int32_t* out, float* pow_out, f
     amax = v > amax ? v : amax;
   }
   if (bad) {
-    for (int64_t i = 0; i < group / 8 * 6; ++i) out[i] = 0;
+    for (int64_t i = 0; i < group / 8 * 2 * digits; ++i) out[i] = 0;
     *pow_out = *sum_out = std::numeric_limits<float>::quiet_NaN();
     return;
   }
-  int e = 0;
-  if (amax > 0.0f) std::frexp(amax, &e);
-  const int shift = 22 - e < 126 ? 22 - e : 126;
-  const float mul = std::ldexp(1.0f, shift);
+  const DigitScale scale = digit_scale(amax, digits);
+  const float mul = scale.mul;
   int32_t sum = 0;
   for (int64_t u = 0; u < group / 8; ++u) {
     int8_t d[3][8];
     for (int i = 0; i < 8; ++i) {
-      const float scaled = x[8 * u + i] * mul;                             // exact: a power of two
+      const float scaled = x[8 * u + i] * mul;                             // exact for three digits
       const float rounded = (scaled + 12582912.0f) - 12582912.0f;        // nearest-even, |scaled| <= 2^22
-      const int32_t v = static_cast<int32_t>(rounded);
+      int32_t v = static_cast<int32_t>(rounded);
+      if (digits == 1) v = v > 127 ? 127 : (v < -127 ? -127 : v);  // guards the byte against rounding
       sum += v;
       const int32_t d0 = static_cast<int8_t>(v & 0xff);
       const int32_t v1 = (v - d0) >> 8;
@@ -194,17 +193,17 @@ void group_digits(const float* x, int64_t group, int32_t* out, float* pow_out, f
       d[1][i] = static_cast<int8_t>(d1);
       d[2][i] = static_cast<int8_t>((v1 - d1) >> 8);
     }
-    int32_t* w = out + u * 6;  // [even d0 d1 d2, odd d0 d1 d2], digits of k = p, p+2, p+4, p+6 in bytes 0..3
+    // [even d0.., odd d0..], digits of k = p, p+2, p+4, p+6 in bytes 0..3
+    int32_t* w = out + u * 2 * digits;
     for (int p = 0; p < 2; ++p)
-      for (int j = 0; j < 3; ++j) {
+      for (int j = 0; j < digits; ++j) {
         uint32_t word = 0;
         for (int b = 0; b < 4; ++b) word |= static_cast<uint32_t>(static_cast<uint8_t>(d[j][p + 2 * b])) << (8 * b);
-        w[3 * p + j] = static_cast<int32_t>(word);
+        w[digits * p + j] = static_cast<int32_t>(word);
       }
   }
-  const float pow2 = std::ldexp(1.0f, -shift);
-  *pow_out = pow2;
-  *sum_out = static_cast<float>(sum) * pow2;
+  *pow_out = scale.step;
+  *sum_out = static_cast<float>(sum) * scale.step;
 }
 
 }  // namespace
@@ -213,8 +212,8 @@ void prepare_digits(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum)
   const int64_t units_total = a.Kp / 8;
   for (int64_t m = 0; m < a.M; ++m)
     for (int64_t g = 0; g < a.G; ++g)
-      group_digits(a.x + m * a.ldx + g * a.group, a.group, xd + (m * units_total + g * (a.group / 8)) * 6,
-                   xpow + m * a.G + g, xsum + m * a.G + g);
+      group_digits(a.x + m * a.ldx + g * a.group, a.group, a.digits,
+                   xd + (m * units_total + g * (a.group / 8)) * 2 * a.digits, xpow + m * a.G + g, xsum + m * a.G + g);
 }
 
 void prescale_x(const QMatMulArgs& a, float* out) {

@@ -1,7 +1,7 @@
 // RegisterCustomOps, the entry point ORT calls: binds the OrtApi slots, self-checks them, and registers edge.QMatMul
 // in domain "edge" for the CPU (and, in the CUDA build, the same op for CUDAExecutionProvider).
 //
-// Inputs of edge.QMatMul (attributes K, N, bits, group_size):
+// Inputs of edge.QMatMul (attributes K, N, bits, group_size, optional accuracy_level 0 or 4):
 //   0 X        float32 (..., K)
 //   1 codes    uint8, the packed codes (any shape; only the byte count is checked)
 //   2 scales   float32, (ceil(N/8), Kp/group, 8)
@@ -57,6 +57,14 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
   if (st == nullptr) st = read_attr(info, "N", &k->N);
   if (st == nullptr) st = read_attr(info, "bits", &bits);
   if (st == nullptr) st = read_attr(info, "group_size", &k->group);
+  int64_t accuracy = 0;  // optional, as MatMulNBits' accuracy_level: 4 = int8 activations
+  if (st == nullptr) {
+    if (OrtStatus* missing = g_ort.KernelInfoGetAttribute_int64(info, "accuracy_level", &accuracy)) {
+      g_ort.ReleaseStatus(missing);
+      accuracy = 0;
+    }
+    k->digits = accuracy == 4 ? 1 : 3;
+  }
   k->bits = static_cast<int>(bits);
   if (st == nullptr) {
     std::string err;
@@ -64,6 +72,8 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
     else if (bits != 2 && bits != 3 && bits != 4) err = "bits must be 2, 3 or 4, got " + std::to_string(bits);
     else if (k->group < 16 || k->group > 128 || k->group % 16 != 0)
       err = "group_size must be a multiple of 16 in 16..128, got " + std::to_string(k->group);
+    else if (accuracy != 0 && accuracy != 4)
+      err = "accuracy_level must be 0 (float activations) or 4 (int8 activations), got " + std::to_string(accuracy);
     if (!err.empty()) st = make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
   }
   if (st != nullptr) {
@@ -107,8 +117,8 @@ void prepare_activations(QMatMulArgs& a, TilesFn fn) {
   const bool pad = a.Kp != a.K, digits = fn == qmatmul_tiles_avx512vnni || fn == qmatmul_tiles_avxvnni;
   const bool prescale = fn != qmatmul_tiles_portable && !digits && a.bits != 3;
   const size_t rows = static_cast<size_t>(a.M), kp = static_cast<size_t>(a.Kp), g = static_cast<size_t>(a.G);
-  // Digits take 6 int32 per 8 k, i.e. 0.75 floats per k.
-  const size_t x_floats = digits ? rows * kp * 3 / 4 + rows * g : (prescale ? rows * kp : 0);
+  // Digits take 2 * a.digits int32 per 8 k, i.e. a.digits / 4 floats per k.
+  const size_t x_floats = digits ? rows * kp * a.digits / 4 + rows * g : (prescale ? rows * kp : 0);
   scratch.resize((pad ? rows * kp : 0) + rows * g + x_floats);
   float* next = scratch.data();
   if (pad) {
@@ -127,7 +137,7 @@ void prepare_activations(QMatMulArgs& a, TilesFn fn) {
   if (digits) {
     static_assert(sizeof(float) == sizeof(int32_t), "digits share the float scratch");
     auto* xd = reinterpret_cast<int32_t*>(next);
-    float* xpow = next + rows * kp * 3 / 4;
+    float* xpow = next + rows * kp * a.digits / 4;
     (fn == qmatmul_tiles_avx512vnni ? prepare_digits_avx512 : prepare_digits)(a, xd, xpow, xsum);
     a.xd = xd;
     a.xpow = xpow;
