@@ -4,8 +4,9 @@
 
 Perplexity runs through edge's own runtime on the evaluation split of the calibration text (CPython's
 pydoc_data.topics, every third topic; calibration never sees it), windows of 1,024 tokens. The peer is onnxruntime's
-own MatMulNBitsQuantizer with default settings applied to edge's float32 graph. Decode tok/s is a short greedy run
-(64 tokens after 200) in the same process, so read it as a ratio within one run.
+own MatMulNBitsQuantizer with default settings applied to edge's float32 graph. Decode tok/s is the median of three
+short greedy runs (64 tokens after 200) in the same process, so read it as a ratio within one run. Bits per weight
+count the decoder's linear layers; the embedding column says how the (tied) embedding and output head are stored.
 """
 
 from __future__ import annotations
@@ -21,9 +22,13 @@ import numpy as np
 VARIANTS = {
     "fp32": dict(quant="fp32"),
     "rtn int4 (block 32)": dict(quant="int4"),
+    "rtn int4 float zeros, int4 embedding": dict(quant="int4", zeros="float", embedding_bits=4),
+    "rtn int4 float zeros": dict(quant="int4", zeros="float"),
+    "rtn int4 float zeros (edge kernels)": dict(quant="int4", zeros="float", kernels="edge"),
     "onnxruntime MatMulNBitsQuantizer": dict(peer=True),
     "rtn int2 (block 64)": dict(quant="rtn2"),
     "spqr 3-bit": dict(quant="spqr", bits=3),
+    "spqr 3-bit, int4 embedding": dict(quant="spqr", bits=3, embedding_bits=4),
     "spqr 4-bit": dict(quant="spqr", bits=4),
     "decoupleq 2-bit": dict(quant="decoupleq", bits=2),
     "decoupleq 3-bit": dict(quant="decoupleq", bits=3),
@@ -48,7 +53,9 @@ def export(name: str, spec: dict, imported, fp32_dir: Path) -> tuple[Path, float
     elif spec["quant"] == "rtn2":
         export_model("smollm2", target, quant="int4", model=imported, quantizer=rtn_2bit(rtn_quantizer))
     else:
-        export_model("smollm2", target, quant=spec["quant"], bits=spec.get("bits"), model=imported, progress=True)
+        extra = {key: spec[key] for key in ("zeros", "embedding_bits", "kernels") if key in spec}
+        export_model("smollm2", target, quant=spec["quant"], bits=spec.get("bits"), model=imported, progress=True,
+                     **extra)
     return target, time.perf_counter() - start
 
 
@@ -84,15 +91,31 @@ def bits_per_weight(package) -> tuple[float | None, float | None]:
     return q.get("storage_bits_per_weight"), q.get("runtime_bits_per_weight")
 
 
-def decode_speed(package) -> float:
+def embedding_kind(package) -> str:
+    """How the embedding / tied head is stored (the bits columns count the decoder's linear layers only)."""
+    q = package.manifest["quantization"]
+    if q.get("method") == "fp32" or "MatMulNBitsQuantizer" in str(q.get("method")):
+        return "fp32"  # the peer quantizes MatMul nodes only: the Gather/Gemm of the tied table stay float
+    text = str(q.get("embedding", "int4"))
+    return "int8" if "int8" in text else "int4"
+
+
+def decode_speed(package, runs: int = 3) -> float:
+    """Median over `runs` of 64 greedy tokens after a 200-token prompt."""
+    import statistics
+
     from edge.model import Decoder
 
     decoder = Decoder(package, context_length=512, threads=2)
-    logits = decoder.prefill(list(range(100, 300)))
-    start = time.perf_counter()
-    for _ in range(64):
-        logits = decoder.step([int(np.argmax(logits))])[0]
-    return 64 / (time.perf_counter() - start)
+    speeds = []
+    for _ in range(runs):
+        decoder.reset()
+        logits = decoder.prefill(list(range(100, 300)))
+        start = time.perf_counter()
+        for _ in range(64):
+            logits = decoder.step([int(np.argmax(logits))])[0]
+        speeds.append(64 / (time.perf_counter() - start))
+    return statistics.median(speeds)
 
 
 def main() -> None:
@@ -120,14 +143,14 @@ def main() -> None:
         base = base or (ppl if name == "fp32" else None)
         stored, runtime = bits_per_weight(package)
         size = sum(f.stat().st_size for f in path.iterdir()) / 2**20
-        rows.append((name, stored, runtime, size, ppl, seconds, decode_speed(package)))
+        rows.append((name, embedding_kind(package), stored, runtime, size, ppl, seconds, decode_speed(package)))
         print(rows[-1], flush=True)
-    lines = [f"| weights | stored bits/weight | run-time bits/weight | package MiB | perplexity | vs fp32 | "
-             f"export s | decode tok/s |", "|---|---|---|---|---|---|---|---|"]
-    for name, stored, runtime, size, ppl, seconds, speed in rows:
+    lines = [f"| weights | embedding | stored bits/weight | run-time bits/weight | package MiB | perplexity | "
+             f"vs fp32 | export s | decode tok/s |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, emb, stored, runtime, size, ppl, seconds, speed in rows:
         fmt = lambda b: "-" if b is None else f"{b:.2f}"  # noqa: E731
-        delta = f"{(ppl / base - 1) * 100:+.1f}%" if base else "-"
-        lines.append(f"| {name} | {fmt(stored)} | {fmt(runtime)} | {size:.1f} | {ppl:.2f} | {delta} | "
+        delta = f"{(ppl / base - 1) * 100:+.2f}%" if base else "-"
+        lines.append(f"| {name} | {emb} | {fmt(stored)} | {fmt(runtime)} | {size:.1f} | {ppl:.3f} | {delta} | "
                      f"{seconds:.0f} | {speed:.1f} |")
     table = "\n".join(lines)
     print(table)

@@ -1,6 +1,7 @@
 """Speculative decoding on the default model: speed against plain decoding, acceptance, and greedy exactness.
 
     python benchmarks/speculative.py [--targets fp32 int4] [--tokens 96] [--reps 1] [--threads 2]
+                                     [--categories ...] [--variants plain layer-skip ...]
 
 For each target package (fp32, int4) and prompt category (open chat, code, rewrite, summarise/extract, repeat with a
 change in a second turn), plain greedy decoding and each drafter run interleaved prompt by prompt, so a noisy
@@ -8,6 +9,10 @@ neighbour on this shared machine hits them alike; the table reports speed *ratio
 over the category's prompts) and acceptance. Every speculative output is compared with plain greedy output; where
 they differ, the table gives the first differing position and the target's top-2 logit gap there (a near-tie that
 the multi-token verify step's different float rounding flips). Writes benchmarks/results/speculative.md.
+
+The layer-skip variants run the target's skip-layer self-draft (export/self_draft.py). The benchmark adds one to a
+hard-linked copy of each default package (~/.cache/edge/models/...-skip) the first time, choosing its layers by
+measurement on calibration text (about 5 minutes for fp32 on 2 busy cores), and reports the choice.
 """
 
 from __future__ import annotations
@@ -50,6 +55,42 @@ CATEGORIES = {
 
 
 CURVES: dict = {}
+SELF_DRAFTS: dict = {}
+MEMORY: dict = {}
+
+
+def skip_package(quant: str, threads: int):
+    """The default package with a skip-layer self-draft, made once next to it (hard links, no second weights file)."""
+    from edge.default_model import cache_dir, default_gguf, default_package
+    from edge.export.load import load_model
+    from edge.export.self_draft import add_skip_draft, linked_copy
+    from edge.package import load_package
+
+    dest = cache_dir() / "models" / f"smollm2-135m-instruct-{quant}-skip"
+    if not (dest / "manifest.json").exists():
+        linked_copy(default_package(quant), dest)
+    package = load_package(dest, verify=False)
+    if package.self_draft is None:
+        print(f"{quant}: choosing the self-draft's layers (once)", file=sys.stderr)
+        add_skip_draft(dest, load_model(default_gguf()), threads=threads,
+                       progress=lambda line: print(f"  {quant} {line}", file=sys.stderr))
+        package = load_package(dest, verify=False)
+    SELF_DRAFTS[quant] = package.self_draft
+    return package
+
+
+EDGE_KERNEL_TARGETS = {"int4-edge": 0, "int4-edge-int8": 4}  # target name -> edge.QMatMul accuracy_level
+
+
+def edge_kernel_package(level: int):
+    """The default model's int4 export through edge.QMatMul (made once in the edge cache)."""
+    from edge.default_model import cache_dir, default_gguf
+    from edge.export.pipeline import export_model
+
+    dest = cache_dir() / "models" / f"smollm2-135m-instruct-int4-edge-acc{level}"
+    if not (dest / "manifest.json").exists():
+        export_model(default_gguf(), dest, quant="int4", kernels="edge", accuracy_level=level, overwrite=True)
+    return dest
 
 
 def messages_for(engine, turns, tokens):
@@ -73,6 +114,36 @@ def variants(target: str, engine, packages):
         out["lookup+draft int4"] = lambda: Speculator(
             [PromptLookup(), DraftModel(packages["int4"], engine.context_length, threads=engine.threads)],
             threads=engine.threads)
+    if engine.package.self_draft is not None:
+        out["layer-skip"] = lambda: make_speculator("skip", engine)
+        out["lookup+layer-skip"] = lambda: make_speculator("lookup+skip", engine)
+    return out
+
+
+MEMORY_PROBE = """
+import json, sys
+from edge.engine import Engine
+from edge.memory.usage import peak_rss_bytes
+engine = Engine(sys.argv[1], threads=int(sys.argv[3]), speculator=None if sys.argv[2] == "plain" else sys.argv[2])
+engine.generate("Tell me about the history of the bicycle.", max_tokens=32)
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(json.dumps({"peak": peak_rss_bytes(), "anon": int(status["RssAnon"].split()[0]) * 1024,
+                  "file": int(status["RssFile"].split()[0]) * 1024}))
+"""
+
+
+def measure_memory(package, threads: int) -> dict[str, dict[str, int]]:
+    """Peak RSS (VmHWM, a fresh process each) of plain decoding and of decoding with the self-draft's second
+    session, and the anonymous vs file-backed split at the end: what the second session over the same weights
+    file costs in RAM."""
+    import json
+    import subprocess
+
+    out = {}
+    for spec in ("plain", "skip"):
+        run = subprocess.run([sys.executable, "-c", MEMORY_PROBE, str(package.root), spec, str(threads)],
+                             capture_output=True, text=True, check=True)
+        out[spec] = json.loads(run.stdout.strip().splitlines()[-1])
     return out
 
 
@@ -116,8 +187,15 @@ def modelled_ratio(spec, curve) -> float:
 def bench_target(target, packages, args, rows, ties):
     from edge.engine import Engine
 
-    engine = Engine(packages[target], threads=args.threads)
-    makers = variants(target, engine, packages)
+    wanted = set(args.variants or [])
+    if target in ("fp32", "int4") and (not wanted or wanted & {"layer-skip", "lookup+layer-skip"}):
+        package = skip_package(target, args.threads)
+        MEMORY[target] = measure_memory(package, args.threads)
+        engine = Engine(package, threads=args.threads)
+    else:
+        engine = Engine(packages[target], threads=args.threads)
+    makers = {name: make for name, make in variants(target, engine, packages).items()
+              if not wanted or name in wanted}
     speculators = {name: make() for name, make in makers.items()}  # persistent: policies learn across prompts
     engine.speculator = None
     engine.generate("Hello", max_tokens=8)  # warm up
@@ -170,6 +248,20 @@ def table(rows, ties, args) -> str:
     for target, curve in CURVES.items():
         lines.append(f"- {target}: " + ", ".join(f"S={s}: {r:.2f}x" for s, r in curve.relative().items())
                      + f" (multi-row vs 1-row logit deviation {curve.deviation:.2g})")
+    if SELF_DRAFTS:
+        lines += ["", "Skip-layer self-drafts (chosen at export by agreement with the target's greedy continuation of "
+                  "calibration text; cost = share of the weights a draft step reads):", ""]
+    for target, record in SELF_DRAFTS.items():
+        c = record["chosen"]
+        lines.append(f"- {target}: {c['family']}, keeps {len(c['layers'])} layers {c['layers']}: agreement "
+                     f"{c['agreement']:.2f}, cost {c['cost']:.2f}, predicted x{c['predicted_speedup']:.2f} at depth "
+                     f"{c['depth']}")
+        if target in MEMORY:
+            m = MEMORY[target]
+            mib = {k: {f: v / 2**20 for f, v in d.items()} for k, d in m.items()}
+            lines.append(f"  - memory: peak RSS {mib['plain']['peak']:.0f} MiB plain, {mib['skip']['peak']:.0f} MiB "
+                         f"with the self-draft (anonymous {mib['plain']['anon']:.0f} -> {mib['skip']['anon']:.0f} MiB, "
+                         f"file-backed {mib['plain']['file']:.0f} -> {mib['skip']['file']:.0f} MiB)")
     lines += ["", "x plain: measured tok/s ratio (geometric mean over the category's prompts). x model: the ratio "
               "the cost curve predicts from the run's tokens per target call and verify sizes, without the noise.",
               "", "| target | category | variant | tok/s | x plain | x model | acceptance | tokens/target call | "
@@ -196,17 +288,22 @@ def table(rows, ties, args) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--targets", nargs="+", default=["fp32", "int4"])
+    ap.add_argument("--targets", nargs="+", default=["fp32", "int4"], choices=["fp32", "int4", *EDGE_KERNEL_TARGETS],
+                    help="int4-edge / int4-edge-int8: int4 through edge.QMatMul, float / int8 activations")
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--categories", nargs="+", choices=list(CATEGORIES), default=list(CATEGORIES))
+    ap.add_argument("--variants", nargs="+", help="drafters to run (default: all); plain always runs, e.g. "
+                    "--variants layer-skip lookup+layer-skip prompt-lookup")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "speculative.md"))
     args = ap.parse_args()
     from edge.default_model import default_package
     from edge.package import load_package
 
     packages = {q: load_package(default_package(q), verify=False) for q in ("fp32", "int4")}
+    packages.update({t: load_package(edge_kernel_package(level), verify=False)
+                     for t, level in EDGE_KERNEL_TARGETS.items() if t in args.targets})
     rows, ties = [], []
     for target in args.targets:
         bench_target(target, packages, args, rows, ties)

@@ -3,6 +3,8 @@
     model.onnx           the decoder graph (export/builder.py documents its inputs and outputs)
     model.onnx.data      its weights (external data; the only location the graph may reference)
     tokenizer.json       a `tokenizers` document
+    draft_skip.onnx      optional: the skip-layer self-draft, a graph over some of the layers that reads the same
+                         model.onnx.data (no second copy of the weights; export/self_draft.py writes it)
     manifest.json        what the runtime needs to know without parsing the graph, and sha256 of every file
 
 The manifest is the contract between the exporter, the runtime and the memory planner. Loading checks it strictly
@@ -11,6 +13,7 @@ and says which file is wrong, because a package is often copied between machines
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -67,6 +70,28 @@ class Package:
     def custom_ops(self) -> list[str]:
         return list(self.manifest["graph"].get("custom_ops", []))
 
+    @property
+    def self_draft(self) -> dict[str, Any] | None:
+        """The skip-layer self-draft's record (file, kept layers, how they were chosen), if the package has one."""
+        return self.manifest["graph"].get("self_draft")
+
+    def graph_view(self, file: str, layers: int) -> Package:
+        """Another graph of this folder, over the same weights and tokenizer, with `layers` cache layers: the
+        runtime's Decoder runs it as a model of its own."""
+        manifest = copy.deepcopy(self.manifest)
+        manifest["graph"]["file"] = file
+        manifest["config"]["num_layers"] = layers
+        return Package(self.root, manifest)
+
+    def skip_draft(self) -> Package:
+        """The self-draft as a package view, or a PackageError that says how to add one."""
+        record = self.self_draft
+        if record is None:
+            raise PackageError(f"{self.root} has no skip-layer self-draft; add one with `edge-export SOURCE -o DIR "
+                               f"--self-draft skip` (SOURCE: the GGUF or Hugging Face model it was exported from), "
+                               f"or choose another drafter (--draft prompt-lookup)")
+        return self.graph_view(record["file"], len(record["layers"]))
+
 
 def resolve_package_dir(path: str | os.PathLike) -> Path:
     """Accept the folder, its manifest, or its .onnx graph (what `edge-run path/to/model.onnx` passes)."""
@@ -118,19 +143,28 @@ def _check_file(root: Path, name: str, info: dict[str, Any], verify: bool) -> No
 
 
 def _check_external_data(package: Package) -> None:
-    """External-data paths are file names chosen by whoever wrote the graph: they must stay inside the folder."""
+    """External-data paths are file names chosen by whoever wrote the graph: they must stay inside the folder.
+    Every graph is checked: the model's and the self-draft's."""
     import onnx
 
-    try:
-        model = onnx.load(str(package.graph_path), load_external_data=False)
-    except Exception as e:  # onnx raises DecodeError and others for a corrupt protobuf
-        raise PackageError(f"{package.graph_path} is not a readable ONNX graph ({e}); re-export the package") from e
+    graphs = [package.graph_path]
+    if package.self_draft is not None:
+        draft = package.self_draft["file"]
+        if draft not in package.manifest["files"]:
+            raise PackageError(f"the manifest of {package.root} names the self-draft {draft!r} but has no size and "
+                               f"sha256 for it; re-export the package")
+        graphs.append(package.root / draft)
     root = package.root.resolve()
-    for t in model.graph.initializer:
-        for entry in t.external_data:
-            if entry.key == "location" and root not in (root / entry.value).resolve().parents:
-                raise PackageError(f"{package.graph_path}: initializer {t.name} reads external data from "
-                                   f"{entry.value!r}, outside the model folder; refusing to load it")
+    for graph in graphs:
+        try:
+            model = onnx.load(str(graph), load_external_data=False)
+        except Exception as e:  # onnx raises DecodeError and others for a corrupt protobuf
+            raise PackageError(f"{graph} is not a readable ONNX graph ({e}); re-export the package") from e
+        for t in model.graph.initializer:
+            for entry in t.external_data:
+                if entry.key == "location" and root not in (root / entry.value).resolve().parents:
+                    raise PackageError(f"{graph}: initializer {t.name} reads external data from "
+                                       f"{entry.value!r}, outside the model folder; refusing to load it")
 
 
 def file_entry(path: Path) -> dict[str, Any]:
@@ -162,7 +196,11 @@ def atomic_package_dir(target: Path, overwrite: bool = False) -> Iterator[Path]:
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    """Add the files table (sizes and sha256 of everything already in the folder) and write manifest.json."""
+    """Add the files table (sizes and sha256 of every visible file in the folder) and write manifest.json under a
+    temporary name, renamed into place: a package that gains a file later is never left with half a manifest."""
     manifest = dict(manifest, format=FORMAT, format_version=FORMAT_VERSION)
-    manifest["files"] = {p.name: file_entry(p) for p in sorted(folder.iterdir()) if p.name != MANIFEST}
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+    manifest["files"] = {p.name: file_entry(p) for p in sorted(folder.iterdir())
+                         if p.name != MANIFEST and not p.name.startswith(".")}
+    tmp = folder / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+    os.replace(tmp, folder / MANIFEST)

@@ -36,6 +36,7 @@ from edge.config import ModelConfig
 OPSET = 21
 IR_VERSION = 10  # onnxruntime 1.31 rejects the IR 14 that onnx 1.23 writes by default
 DATA_ALIGN = 4096  # page-aligned tensors let onnxruntime memory-map the external data
+EDGE_QMATMUL_BITS = (2, 3, 4)  # code widths edge.QMatMul (kernels/) runs
 
 
 class MatMulNBitsWeights(Protocol):
@@ -75,14 +76,48 @@ class ExternalData:
         self._file.close()
 
 
+class SharedExternalData:
+    """The initializers an earlier build already wrote: a second graph over a subset of the layers (the skip-layer
+    self-draft) references the same bytes of the same file instead of writing a second copy of its weights."""
+
+    def __init__(self, written: dict[str, TensorProto]):
+        self.written = written
+
+    @classmethod
+    def from_graph(cls, graph: Path) -> SharedExternalData:
+        """The external initializers of a saved graph (its weights file is not read)."""
+        model = onnx.load(str(graph), load_external_data=False)
+        return cls({t.name: t for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL})
+
+    def tensor(self, name: str, array: np.ndarray) -> TensorProto:
+        t = self.written.get(name)
+        if t is None:
+            raise ValueError(f"{name} is not in the shared weights file: build the full graph first, with the same "
+                             f"options")
+        if tuple(t.dims) != tuple(array.shape) or t.data_type != helper.np_dtype_to_tensor_dtype(array.dtype):
+            raise ValueError(f"{name}: the shared weights file holds shape {tuple(t.dims)}, this build made "
+                             f"{tuple(array.shape)} ({array.dtype}); build both graphs with the same options")
+        shared = TensorProto()
+        shared.CopyFrom(t)
+        return shared
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass
 class BuildOptions:
     quantizer: Quantizer | None = None  # None: float32 weights
     tree_attention: bool = False  # add the attention_bias input (needed to verify draft trees)
-    accuracy_level: int = 4  # MatMulNBits compute type; 4 = int8 activations, the fast CPU path
+    # 4: int8 activations (MatMulNBits' fast CPU path; edge.QMatMul's faster 4-bit mode); 0: float activations
+    # (edge.QMatMul keeps x to 23 bits, error under 1e-5; export_model makes 0 the default for kernels="edge")
+    accuracy_level: int = 4
     rope_cache_len: int | None = None  # rows of the cos/sin cache; default: the model's max context
     fuse_projections: bool = True  # one matmul for q/k/v and one for gate/up (benchmarks/graph_ops.py measures it)
     kernels: str = "stock"  # "edge": quantized linears run edge.QMatMul (kernels/), batch-invariant and any bits
+    # Kept layer indices (ascending) for a graph over a subset of the layers (the skip-layer self-draft); None: all.
+    # The kept layers' cache inputs/outputs are numbered 0..len-1 in order, so the runtime runs it like any model.
+    layers: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -164,7 +199,8 @@ class DecoderBuilder:
         packed = pack(q.codes, q.scales, zeros, bits=q.bits, group_size=q.block_size, outliers=outliers)
         for tensor_name, array in qmatmul_tensors(packed, name, bias).items():
             self.weight(tensor_name, array)
-        self.g.nodes.append(qmatmul_node(x, f"{name}/y", packed, name, has_bias=bias is not None))
+        self.g.nodes.append(qmatmul_node(x, f"{name}/y", packed, name, has_bias=bias is not None,
+                                         accuracy_level=self.opt.accuracy_level))
         return f"{name}/y"
 
     def offset_term(self, x: str, name: str, p: dict[str, Any]) -> str:
@@ -213,10 +249,12 @@ class DecoderBuilder:
                             self.weight(f"rope.{i}.sin", np.sin(angles).astype(np.float32)))
         return caches
 
-    def attention(self, i: int, x: str, rope: tuple[str, str]) -> str:
+    def attention(self, i: int, x: str, rope: tuple[str, str], slot: int | None = None) -> str:
+        """Layer i's attention; `slot` numbers its cache inputs/outputs (default i; differs in a layer subset)."""
         cfg, p = self.cfg, f"model.layers.{i}.self_attn"
+        slot = i if slot is None else slot
         qkv_inputs = self.qkv(x, p)
-        inputs = qkv_inputs + [f"past_key.{i}", f"past_value.{i}", "seqlens_k", "total_sequence_length",
+        inputs = qkv_inputs + [f"past_key.{slot}", f"past_value.{slot}", "seqlens_k", "total_sequence_length",
                                rope[0], rope[1], "position_ids"]
         if self.opt.tree_attention:
             inputs.append("attention_bias")
@@ -225,7 +263,7 @@ class DecoderBuilder:
         if cfg.is_sliding_layer(i):
             attrs["local_window_size"] = cfg.sliding_window
         out = self.g.node("GroupQueryAttention", inputs, domain="com.microsoft", name=f"{p}.gqa",
-                          outputs=[f"{p}.gqa/out0", f"present_key.{i}", f"present_value.{i}"], **attrs)
+                          outputs=[f"{p}.gqa/out0", f"present_key.{slot}", f"present_value.{slot}"], **attrs)
         return self.linear(out[0], f"{p}.o_proj", self.tensors[f"{p}.o_proj.weight"],
                            self.tensors.get(f"{p}.o_proj.bias"))  # Llama with attention_bias=True
 
@@ -298,25 +336,39 @@ class DecoderBuilder:
                 return self.linear(h, "lm_head", self.tensors["lm_head.weight"])
             if q is None:
                 return self.g.node("Gemm", [h, table], transB=1, name="lm_head")[0]
-            if self.opt.kernels == "edge":  # the head in the batch-invariant kernel too (its own copy of the table)
+            # the head in the batch-invariant kernel too (its own copy of the table); an 8-bit table (lossless
+            # for a Q8_0 source) has no edge.QMatMul kernel and stays in MatMulNBits, at accuracy_level 4: 8-bit
+            # at level 0 is MatMulNBits' unpacked slow path (measured 3.4 vs 26 tok/s for the whole model)
+            if self.opt.kernels == "edge" and q.bits in EDGE_QMATMUL_BITS:
                 return self.qmatmul(h, "lm_head", q, None)
+            level = 4 if self.opt.kernels == "edge" and p["bits"] == 8 else self.opt.accuracy_level
             return self.g.node("MatMulNBits", [h, table, scales, zeros], domain="com.microsoft", name="lm_head",
                                K=p["K"], N=p["N"], bits=p["bits"], block_size=p["block_size"],
-                               accuracy_level=self.opt.accuracy_level)[0]
+                               accuracy_level=level)[0]
 
         return x, head
 
     # -- whole model --------------------------------------------------------------------------------------------
+    def kept_layers(self) -> list[int]:
+        """The layers this graph runs, in order: all of them, or BuildOptions.layers."""
+        if self.opt.layers is None:
+            return list(range(self.cfg.num_layers))
+        kept = list(self.opt.layers)
+        if not kept or kept != sorted(set(kept)) or kept[0] < 0 or kept[-1] >= self.cfg.num_layers:
+            raise ValueError(f"layers must be distinct ascending indices in 0..{self.cfg.num_layers - 1}, got {kept}")
+        return kept
+
     def build(self, progress: Callable[[int], None] = lambda n: None) -> onnx.ModelProto:
         cfg = self.cfg
+        kept = self.kept_layers()
         x, head = self.embedding()
         progress(1)
         ropes = self.rope_caches()
-        residual, hidden = x, self.rms_norm(x, "model.layers.0.input_layernorm.weight")
-        for i in range(cfg.num_layers):
+        residual, hidden = x, self.rms_norm(x, f"model.layers.{kept[0]}.input_layernorm.weight")
+        for slot, i in enumerate(kept):
             p = f"model.layers.{i}"
             rope = ropes[cfg.rope_local_theta if cfg.is_sliding_layer(i) and cfg.rope_local_theta else cfg.rope_theta]
-            attn = self.attention(i, hidden, rope)
+            attn = self.attention(i, hidden, rope, slot)
             if cfg.architecture == "gemma3":
                 attn = self.rms_norm(attn, f"{p}.post_attention_layernorm.weight")
                 hidden, residual = self.skip_rms_norm(attn, residual, f"{p}.pre_feedforward_layernorm.weight")
@@ -324,7 +376,7 @@ class DecoderBuilder:
             else:
                 hidden, residual = self.skip_rms_norm(attn, residual, f"{p}.post_attention_layernorm.weight")
                 out = self.mlp(i, hidden)
-            next_norm = (f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < cfg.num_layers
+            next_norm = (f"model.layers.{kept[slot + 1]}.input_layernorm.weight" if slot + 1 < len(kept)
                          else "model.norm.weight")
             hidden, residual = self.skip_rms_norm(out, residual, next_norm)
             progress(1)
@@ -347,7 +399,7 @@ class DecoderBuilder:
         if self.opt.tree_attention:
             inputs.append(helper.make_tensor_value_info("attention_bias", f32, [1, 1, "seq", "total"]))
         outputs = [helper.make_tensor_value_info("logits", f32, ["rows", cfg.vocab_size])]
-        for i in range(cfg.num_layers):
+        for i in range(len(self.kept_layers())):
             for kind in ("key", "value"):
                 inputs.append(helper.make_tensor_value_info(f"past_{kind}.{i}", f32, cache))
                 outputs.append(helper.make_tensor_value_info(f"present_{kind}.{i}", f32, cache))

@@ -233,3 +233,26 @@ def test_edge_kernels_package_matches_dequantized_weights_and_is_batch_invariant
     decoder.reset()
     one_by_one = np.stack([decoder.step([t])[0].copy() for t in ids])
     assert np.array_equal(one_by_one[0], together[0]) and max_rel_error(one_by_one, together) < 1e-5
+
+
+def test_edge_kernels_accuracy_level_reaches_the_graph(tmp_path):
+    """--kernels edge is exact by default (no int8 activations); --accuracy-level 4 puts int8 activations on every
+    QMatMul and the logits stay close to the exact package's."""
+    from edge.kernels import kernel_isa, library_path
+
+    if library_path() is None:
+        pytest.skip("kernel library not built")
+    _, imported = tiny_llama(seed=7)
+    ids = [int(t) for t in np.random.default_rng(4).integers(0, 96, 10)]
+    logits, levels = {}, {}
+    for level in (None, 4):
+        build = {} if level is None else {"accuracy_level": level}
+        decoder = make_decoder(tmp_path, imported, quant="int4", kernels="edge", name=f"acc{level}", **build)
+        graph = onnx.load(str(tmp_path / f"acc{level}" / "model.onnx"), load_external_data=False)
+        levels[level] = {a.i for n in graph.graph.node if n.op_type == "QMatMul"
+                         for a in n.attribute if a.name == "accuracy_level"}
+        logits[level] = decoder.step(ids, logits_rows=list(range(10))).copy()
+    assert levels == {None: set(), 4: {4}}
+    assert max_rel_error(logits[4], logits[None]) < 5e-2
+    if kernel_isa(4) in ("avx512vnni", "avxvnni"):  # the integer kernels honour it; fp32 ones ignore it
+        assert max_rel_error(logits[4], logits[None]) > 0

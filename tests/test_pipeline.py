@@ -39,8 +39,78 @@ def test_calibrated_package_follows_its_quantized_layers(tmp_path, monkeypatch, 
         for name, p in model.named_parameters():
             if name in captured:
                 p.copy_(torch.from_numpy(captured[name].dequantize()))
-            elif name == "model.embed_tokens.weight":  # tied: embedding and head are RTN int4
-                p.copy_(torch.from_numpy(quantize_rtn(p.detach().numpy(), 4, 32).dequantize()))
+            elif name == "model.embed_tokens.weight":  # tied: embedding and head are RTN (SpQR: 8-bit)
+                emb_bits = 8 if method == "spqr" else 4
+                assert q["embedding"].startswith(f"rtn int{emb_bits}")
+                p.copy_(torch.from_numpy(quantize_rtn(p.detach().numpy(), emb_bits, 32,
+                                                      lattice=emb_bits == 8).dequantize()))
     ids = [int(t) for t in np.random.default_rng(0).integers(0, 96, 10)]
     logits = Decoder(package, context_length=32, threads=1).step(ids, logits_rows=list(range(10)))
     assert max_rel_error(logits, reference_logits(model, ids)) < 1e-4
+
+
+def snap_to_gguf_grids(model, imported, embedding_bits: int = 8) -> None:
+    """Put every linear weight on a Q4_1 grid and the embedding on a Q8_0 grid (Q4_0-like for embedding_bits=4; per
+    row, blocks of 32), in both the transformers model and the ImportedModel, as a GGUF source's weights are."""
+    import torch
+
+    def q4_1(w):
+        n, k = w.shape
+        b = w.reshape(n, k // 32, 32)
+        lo, hi = b.min(-1, keepdims=True), b.max(-1, keepdims=True)
+        return (lo + (hi - lo) / 15 * np.round((b - lo) / ((hi - lo) / 15))).reshape(n, k).astype(np.float32)
+
+    def q8_0(w):
+        n, k = w.shape
+        b = w.reshape(n, k // 32, 32)
+        d = np.abs(b).max(-1, keepdims=True) / (127 if embedding_bits == 8 else 7)
+        return (d * np.round(b / d)).reshape(n, k).astype(np.float32)
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and name in imported.tensors:
+                snapped = (q8_0 if "embed_tokens" in name else q4_1)(p.detach().numpy())
+                p.copy_(torch.from_numpy(snapped))
+                imported.tensors[name] = snapped
+
+
+@pytest.mark.parametrize("kernels", ["stock", "edge"])
+def test_int4_float_zeros_is_lossless_on_a_gguf_grid_source(tmp_path, kernels):
+    """Stock ops with a Q8_0 table (8-bit head at accuracy_level 0); edge.QMatMul, which has no 8-bit kernel (its
+    8-bit head would run MatMulNBits at accuracy_level 4), with a table on a 4-bit grid through 0."""
+    embedding_bits = 8
+    if kernels == "edge":
+        from kernels_util import ensure_library
+
+        ensure_library()
+        embedding_bits = 4
+    model, imported = tiny_llama(seed=2, hidden_size=64, intermediate_size=96)
+    snap_to_gguf_grids(model, imported, embedding_bits)
+    ids = [int(t) for t in np.random.default_rng(1).integers(0, 96, 12)]
+    ref = reference_logits(model, ids)
+    errors = {}
+    for zeros in ("float", "integer"):
+        emb = embedding_bits if zeros == "float" else None
+        out = pipeline.export_model("tiny", tmp_path / zeros, quant="int4", model=imported, zeros=zeros,
+                                    kernels=kernels, accuracy_level=0, embedding_bits=emb)
+        package = load_package(out)
+        q = package.manifest["quantization"]
+        assert q["embedding"] == f"GatherBlockQuantized int{emb or 4}"
+        # codes + fp16 scale + 4-bit zero per 32, and for float zeros an fp16 offset per 32
+        assert q["storage_bits_per_weight"] == pytest.approx(4 + 20 / 32 + (16 / 32 if zeros == "float" else 0))
+        logits = Decoder(package, context_length=32, threads=1).step(ids, logits_rows=list(range(len(ids))))
+        errors[zeros] = max_rel_error(logits, ref)
+    assert errors["float"] < 1e-4  # the 4-bit package is the source model
+    assert errors["integer"] > 100 * errors["float"]
+
+
+def test_zero_point_options_are_checked(tmp_path):
+    from edge.export.quant import QuantizationError
+
+    _, imported = tiny_llama(seed=3)
+    with pytest.raises(QuantizationError, match="zero points"):
+        pipeline.export_model("tiny", tmp_path / "a", quant="int4", model=imported, zeros="fractional")
+    with pytest.raises(QuantizationError, match="fp32"):
+        pipeline.export_model("tiny", tmp_path / "b", quant="fp32", model=imported, zeros="float")
+    with pytest.raises(QuantizationError, match="embedding_bits"):
+        pipeline.export_model("tiny", tmp_path / "c", quant="int4", model=imported, embedding_bits=6)

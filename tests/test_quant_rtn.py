@@ -82,3 +82,49 @@ def test_per_channel_is_reblocked_exactly():
     assert packed["scales"].shape == (8, 3)
     y = matmulnbits_session(packed, 0).run(None, {"x": x})[0]
     np.testing.assert_allclose(y, x @ q.dequantize().T, atol=1e-4)
+
+
+def q4_1_lattice(w: np.ndarray) -> np.ndarray:
+    """w snapped the way a Q4_1 GGUF stores it: per row and block of 32, min + (max - min) / 15 * q."""
+    n, k = w.shape
+    b = w.reshape(n, k // 32, 32)
+    lo, hi = b.min(-1, keepdims=True), b.max(-1, keepdims=True)
+    step = (hi - lo) / 15
+    return (lo + step * np.round((b - lo) / step)).reshape(n, k).astype(np.float32)
+
+
+def test_float_zeros_reproduce_a_block_lattice_weight_exactly():
+    rng = np.random.default_rng(7)
+    w = q4_1_lattice(rng.normal(size=(48, 96)).astype(np.float32))
+    exact = quantize_rtn(w, 4, 32, float_zero=True)
+    assert exact.offsets is not None  # fractional zeros: an integer part plus a per-block offset
+    np.testing.assert_allclose(exact.dequantize(), w, rtol=0, atol=1e-6 * np.abs(w).max())
+    plain = quantize_rtn(w, 4, 32)  # integer zeros shift each block by up to half a step
+    assert np.abs(plain.dequantize() - w).max() > 100 * np.abs(exact.dequantize() - w).max()
+    # the stock-op form (MatMulNBits with uint8 zeros + block sums @ offsets) computes x @ w^T
+    x = rng.normal(size=(3, 96)).astype(np.float32)
+    p = exact.to_matmulnbits()
+    from edge.export.quant.qlinear import block_sums
+
+    y = matmulnbits_session(p, 0).run(None, {"x": x})[0] + block_sums(x, 32) @ p["group_offsets"].T
+    np.testing.assert_allclose(y, x @ w.T, atol=1e-4)
+
+
+def test_lattice_integer_zeros_reproduce_a_q8_0_table():
+    rng = np.random.default_rng(8)
+    w = rng.normal(size=(20, 64)).astype(np.float32)
+    d = np.abs(w.reshape(20, 2, 32)).max(-1, keepdims=True) / 127
+    w = (d * np.round(w.reshape(20, 2, 32) / d)).reshape(20, 64).astype(np.float32)
+    q = quantize_rtn(w, 8, 32, lattice=True)
+    assert q.offsets is None  # integer zeros only: what GatherBlockQuantized holds
+    np.testing.assert_allclose(q.dequantize(), w, rtol=0, atol=1e-6 * np.abs(w).max())
+    assert np.abs(quantize_rtn(w, 8, 32).dequantize() - w).max() > 1e-4
+
+
+def test_float_zeros_on_a_short_last_block():
+    w = np.random.default_rng(9).normal(size=(4, 40)).astype(np.float32)  # K=40: the last block has 8 columns
+    q = quantize_rtn(w, 4, 32, float_zero=True)
+    step = np.repeat(q.scales, 32, axis=1)[:, :40]
+    assert np.all(np.abs(q.dequantize() - w) <= step / 2 + 1e-6)
+    tail = w[:, 32:]
+    np.testing.assert_allclose(q.scales[:, 1], (tail.max(1) - tail.min(1)) / 15, rtol=1e-5)  # padding left out

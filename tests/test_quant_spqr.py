@@ -74,3 +74,32 @@ def test_rejects_bad_settings(layer):
         quantize_spqr(w, h, SpqrConfig(bits=8))
     with pytest.raises(QuantizationError):
         quantize_spqr(w, h[:10, :10])
+
+
+def test_weights_already_on_a_grid_give_no_outliers():
+    """A dequantized Q4_1 source has zero error under its own min/max grid; the threshold must not collapse to 0."""
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(32, 64)).astype(np.float32).reshape(32, 2, 32)
+    lo, hi = w.min(-1, keepdims=True), w.max(-1, keepdims=True)
+    w = (lo + (hi - lo) / 15 * np.round((w - lo) / ((hi - lo) / 15))).reshape(32, 64)
+    q = quantize_spqr(w, correlated_hessian(64, 3), SpqrConfig(bits=4, group_size=32, float_zero=True))
+    assert q.outliers is None or q.outliers.nnz <= 0.01 * w.size
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_searched_statistics_lower_the_error(layer, bits):
+    w, h, _ = layer
+    errors = {}
+    for search in (False, True):
+        q = quantize_spqr(w, h, SpqrConfig(bits=bits, float_zero=True, stat_search=search, outlier_threshold=1e9))
+        errors[search] = weighted_error(w, q.dequantize(), h).sum()
+        assert storage_bits_per_weight(q) == pytest.approx(bits + 6 / 16 + 4 * 16 / (16 * 16))  # same format
+    assert errors[True] < 0.9 * errors[False]
+
+
+def test_searched_float_zero_grid_is_what_the_compact_statistics_give(layer):
+    w, h, _ = layer
+    q = quantize_spqr(w, h, SpqrConfig(bits=4, float_zero=True, stat_search=True))
+    np.testing.assert_array_equal(q.scales, q.second_level.scales.dequantize())
+    float_zeros = q.zeros.astype(np.float32) - q.offsets / q.scales  # what the group offsets encode
+    np.testing.assert_allclose(float_zeros, q.second_level.zeros.dequantize(), atol=1e-4)

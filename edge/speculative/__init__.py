@@ -3,7 +3,8 @@
     from edge.speculative import PromptLookup, Speculator
     engine = Engine(package, speculator=Speculator([PromptLookup()]))
 
-`make_speculator("auto" | "prompt-lookup" | "recycling" | PATH, engine)` builds the usual combinations.
+`make_speculator("auto" | "prompt-lookup" | "recycling" | "skip" | "lookup+skip" | PATH, engine)` builds the usual
+combinations ("skip": the package's skip-layer self-draft, edge.speculative.layer_skip).
 """
 
 from edge.speculative.adaptive import AdaptiveDepth, CostCurve, FixedDepth
@@ -11,9 +12,10 @@ from edge.speculative.decode import Speculator
 from edge.speculative.draft_model import DraftModel, check_compatible
 from edge.speculative.drafter import Draft, Drafter
 from edge.speculative.factory import make_speculator
+from edge.speculative.layer_skip import LayerSkipDraft
 from edge.speculative.prompt_lookup import PromptLookup
 from edge.speculative.stats import SpeculativeStats
 from edge.speculative.token_recycling import TokenRecycling
 
-__all__ = ["AdaptiveDepth", "CostCurve", "Draft", "DraftModel", "Drafter", "FixedDepth", "PromptLookup",
-           "SpeculativeStats", "Speculator", "TokenRecycling", "check_compatible", "make_speculator"]
+__all__ = ["AdaptiveDepth", "CostCurve", "Draft", "DraftModel", "Drafter", "FixedDepth", "LayerSkipDraft",
+           "PromptLookup", "SpeculativeStats", "Speculator", "TokenRecycling", "check_compatible", "make_speculator"]

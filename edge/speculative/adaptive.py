@@ -2,9 +2,10 @@
 
 A verify call over S tokens costs c(S); on this CPU c(2)/c(1) is ~1.0 for float32 weights but ~1.6 for int4
 MatMulNBits, so the same acceptance pays on one package and loses on the other. The curve is measured once per
-package and thread count and cached. With per-level acceptance a, a draft of depth d yields (1 - a^(d+1))/(1 - a)
-tokens per call; the controller picks the d with most tokens per second, and turns drafting off when even the best
-d is slower than plain decoding, probing again every `probe_every` plain steps.
+package and thread count and cached. With a_i the rate at which level i is accepted once the levels before it were,
+a draft of depth d yields 1 + a_1 + a_1 a_2 + ... + a_1...a_d tokens per call; the controller picks the d with most
+tokens per second, and turns drafting off when even the best d is slower than plain decoding, probing again every
+`probe_every` plain steps.
 """
 
 from __future__ import annotations
@@ -116,25 +117,51 @@ class FixedDepth:
 
 @dataclass
 class AdaptiveDepth:
+    """Draft depth from per-level acceptance: level i's rate is P(token i accepted | tokens before it accepted).
+
+    One rate for all levels (a geometric model) is wrong for copying drafters: a prompt-lookup draft either follows
+    the copied span for many tokens or breaks at once, so its first level is ~0.5 and its deeper ones ~0.9. With
+    one rate the policy saw ~0.5 everywhere and never drafted past 1-2 tokens on int4, whose verify cost rises
+    steeply. Each level's prior is the rate of the level before it, so good first levels earn deeper drafts until
+    deeper levels show otherwise.
+    """
+
     curve: CostCurve
     size: object  # depth -> nodes verified (the drafter's size())
     max_depth: int = 8
     probe_every: int = 16
     min_gain: float = 1.05  # draft only when the model promises at least this: its estimates are noisy
     decay: float = 0.9  # weight of older evidence per update: acceptance drifts with the text
-    successes: float = 1.0  # prior: 1 of 3 levels accepted, so a new drafter earns its drafts
+    successes: float = 1.0  # prior for the first level: 1 of 3 accepted, so a new drafter earns its drafts
     trials: float = 3.0
     draft_seconds_per_level: float = 0.0
+    prior_weight: float = 2.0  # pseudo-trials of a deeper level's prior (the rate of the level before it)
     off_steps: int = field(default=0, init=False)
+    level_successes: np.ndarray = field(init=False)
+    level_trials: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.level_successes = np.zeros(self.max_depth)
+        self.level_trials = np.zeros(self.max_depth)
+        self.level_successes[0], self.level_trials[0] = self.successes, self.trials
+
+    def rates(self) -> np.ndarray:
+        """Acceptance rate of each level 1..max_depth given the levels before it."""
+        out, prior = np.empty(self.max_depth), 0.0
+        for i in range(self.max_depth):
+            s, t = self.level_successes[i], self.level_trials[i]
+            rate = s / t if i == 0 else (s + self.prior_weight * prior) / (t + self.prior_weight)
+            out[i] = prior = min(rate, 0.99)
+        return out
 
     @property
     def acceptance(self) -> float:
-        return min(self.successes / self.trials, 0.99)
+        """The first level's rate: how often a draft's first token is right."""
+        return float(self.rates()[0])
 
     def speedup(self, depth: int) -> float:
         """Expected tokens per second at `depth` relative to plain decoding."""
-        a = self.acceptance
-        tokens = (1 - a ** (depth + 1)) / (1 - a)
+        tokens = 1.0 + float(np.cumprod(self.rates()[:depth]).sum())
         seconds = self.curve(1 + self.size(depth)) + depth * self.draft_seconds_per_level
         return tokens * self.curve(1) / seconds
 
@@ -154,8 +181,11 @@ class AdaptiveDepth:
 
     def update(self, depth: int, accepted: int, draft_seconds: float) -> None:
         """One verify call's outcome: `accepted` of `depth` levels (each level tried until the first miss)."""
-        self.successes = self.decay * self.successes + accepted
-        self.trials = self.decay * self.trials + accepted + (1 if accepted < depth else 0)
+        self.level_successes *= self.decay
+        self.level_trials *= self.decay
+        tried = min(accepted + 1, depth, self.max_depth)
+        self.level_trials[:tried] += 1
+        self.level_successes[:min(accepted, self.max_depth)] += 1
         per_level = draft_seconds / max(depth, 1)
         self.draft_seconds_per_level = per_level if not self.draft_seconds_per_level else \
             0.8 * self.draft_seconds_per_level + 0.2 * per_level

@@ -43,15 +43,17 @@ class Speculator:
     def name(self) -> str:
         return "+".join(d.name for d in self.drafters)
 
-    def _policy(self, drafter: Drafter, decoder: Decoder) -> AdaptiveDepth | FixedDepth:
-        """Policies outlive a generation: acceptance learned in one chat turn informs the next."""
-        if drafter.name not in self.policies:
+    def _policy(self, drafter: Drafter, decoder: Decoder, kind: str = "") -> AdaptiveDepth | FixedDepth:
+        """One per drafter and kind of draft. Policies outlive a generation: acceptance learned in one chat turn
+        informs the next."""
+        key = f"{drafter.name}/{kind}" if kind else drafter.name
+        if key not in self.policies:
             if self.draft_length is not None:
-                self.policies[drafter.name] = FixedDepth(self.draft_length)
+                self.policies[key] = FixedDepth(self.draft_length)
             else:
                 curve = CostCurve.cached(decoder, self.threads)
-                self.policies[drafter.name] = AdaptiveDepth(curve, drafter.size, self.max_depth)
-        return self.policies[drafter.name]
+                self.policies[key] = AdaptiveDepth(curve, drafter.size, self.max_depth)
+        return self.policies[key]
 
     def _margin(self, decoder: Decoder) -> float:
         """Top-2 logit gap under which a multi-token row is not trusted to pick plain decoding's token."""
@@ -64,18 +66,22 @@ class Speculator:
             d.reset()
 
     def _draft(self, decoder: Decoder, context: list[int], depth_cap: int,
-               node_cap: int) -> tuple[Drafter | None, Draft, float]:
+               node_cap: int) -> tuple[Drafter | None, Draft, AdaptiveDepth | FixedDepth | None, float]:
         start = time.perf_counter()
         for drafter in self.drafters:
-            depth = min(self._policy(drafter, decoder).depth(), depth_cap)
+            draft = drafter.propose(context, min(self.max_depth, depth_cap)) if drafter.cheap else None
+            if draft is not None and not len(draft):
+                continue  # no guess this step: nothing to judge, and no probe spent on it
+            policy = self._policy(drafter, decoder, draft.kind if draft is not None else "")
+            depth = min(policy.depth(), depth_cap)
             while depth > 0 and drafter.size(depth) > node_cap:
                 depth -= 1
             if depth <= 0:
                 continue
-            draft = drafter.propose(context, depth)
+            draft = draft.truncated(depth) if draft is not None else drafter.propose(context, depth)
             if len(draft):
-                return drafter, draft, time.perf_counter() - start
-        return None, Draft(), time.perf_counter() - start
+                return drafter, draft, policy, time.perf_counter() - start
+        return None, Draft(), None, time.perf_counter() - start
 
     def tokens(self, decoder: Decoder, history: list[int], logits: np.ndarray, params: SamplingParams,
                max_tokens: int) -> Iterator[int]:
@@ -107,7 +113,7 @@ class Speculator:
                     return  # a full cache: the engine reports finish_reason "context"
                 depth_cap = 0 if single else max_tokens - yielded - 1  # never draft what would not be emitted
                 node_cap = min(decoder.cache.capacity - len(history), decoder.max_rows) - 1
-                drafter, draft, draft_seconds = self._draft(decoder, history + [root], depth_cap, node_cap)
+                drafter, draft, policy, draft_seconds = self._draft(decoder, history + [root], depth_cap, node_cap)
                 stats.draft_seconds += draft_seconds
                 start = time.perf_counter()
                 past = decoder.cache.length
@@ -124,9 +130,8 @@ class Speculator:
                 history.extend(tokens[i] for i in path)
                 stats.verify_seconds += time.perf_counter() - start
                 stats.record(drafter.name if drafter else "", len(draft), len(verdict.accepted))
-                if drafter is not None:
-                    self._policy(drafter, decoder).update(max(draft.depths()), len(verdict.accepted),
-                                                          draft_seconds)
+                if policy is not None:
+                    policy.update(max(draft.depths()), len(verdict.accepted), draft_seconds)
                 for i in path[1:]:
                     yielded += 1
                     yield tokens[i]

@@ -22,6 +22,9 @@ class Draft:
     # The draft's distribution each node was sampled from (one row per node), for rejection sampling. None: the
     # drafter is deterministic, its proposal is a point mass on the token.
     probs: list[np.ndarray] | None = None
+    # What kind of guess this is, when the drafter knows (prompt lookup: "3-gram" for a 3-token match): acceptance
+    # is tracked per kind, since a long match is right far more often than a one-token one.
+    kind: str = ""
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -52,11 +55,24 @@ class Draft:
     def children(self, node: int) -> list[int]:
         return [i for i, p in enumerate(self.parents) if p == node]
 
+    def truncated(self, depth: int) -> Draft:
+        """The nodes at most `depth` levels below the root (a node's ancestors are shallower, so all are kept)."""
+        keep = [i for i, d in enumerate(self.depths()) if d <= depth]
+        if len(keep) == len(self.tokens):
+            return self
+        index = {old: new for new, old in enumerate(keep)}
+        return Draft([self.tokens[i] for i in keep], [ROOT if self.parents[i] == ROOT else index[self.parents[i]]
+                                                      for i in keep],
+                     None if self.probs is None else [self.probs[i] for i in keep], self.kind)
+
 
 class Drafter:
     """Guesses what the target will say next. Cheap relative to a target step, or it cannot pay off."""
 
     name = "drafter"
+    # Model-free drafters propose in microseconds: the speculator asks them first and judges the actual draft
+    # (its kind, whether there is one at all) before deciding how much of it to verify.
+    cheap = False
 
     def propose(self, context: list[int], depth: int) -> Draft:
         """A draft of at most `depth` levels continuing `context` (the prompt, the output so far and the root)."""

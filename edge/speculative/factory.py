@@ -8,15 +8,17 @@ from edge.errors import EdgeError
 from edge.package import load_package
 from edge.speculative.decode import Speculator
 from edge.speculative.draft_model import DraftModel, check_compatible
+from edge.speculative.layer_skip import LayerSkipDraft
 from edge.speculative.prompt_lookup import PromptLookup
 from edge.speculative.token_recycling import TokenRecycling
 
-NAMES = ("prompt-lookup", "recycling", "auto")
+NAMES = ("prompt-lookup", "recycling", "auto", "skip", "lookup+skip")
 
 
 def make_speculator(spec: str, engine, draft_length: int | None = None) -> Speculator:
-    """`spec`: prompt-lookup, recycling, auto (prompt lookup, else recycling), or a draft package's path
-    (prompt lookup, else the draft model)."""
+    """`spec`: prompt-lookup, recycling, auto (prompt lookup, else recycling), skip (the package's skip-layer
+    self-draft), lookup+skip (prompt lookup, else the self-draft), or a draft package's path (prompt lookup, else
+    the draft model)."""
     package = engine.package
     vocab = package.config.vocab_size
     threads = engine.threads
@@ -29,6 +31,9 @@ def make_speculator(spec: str, engine, draft_length: int | None = None) -> Specu
         drafters = [TokenRecycling(vocab)]
     elif spec == "auto":
         drafters = [PromptLookup(), TokenRecycling(vocab)]
+    elif spec in ("skip", "lookup+skip"):
+        skip = LayerSkipDraft(package, engine.context_length, threads=threads)
+        drafters = [skip] if spec == "skip" else [PromptLookup(), skip]
     elif os.path.exists(spec):
         draft = load_package(spec)
         check_compatible(package, draft)

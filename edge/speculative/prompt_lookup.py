@@ -14,6 +14,7 @@ from edge.speculative.drafter import Draft, Drafter
 
 class PromptLookup(Drafter):
     name = "prompt-lookup"
+    cheap = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
@@ -30,5 +31,7 @@ class PromptLookup(Drafter):
             hits = np.flatnonzero((windows == ids[-n:]).all(axis=1))
             if hits.size:
                 start = int(hits[-1]) + n
-                return Draft.chain(ids[start:start + depth].tolist())
+                draft = Draft.chain(ids[start:start + depth].tolist())
+                draft.kind = f"{n}-gram"
+                return draft
         return Draft()

@@ -16,6 +16,7 @@ DEFAULT_WIDTHS = (4, 2, 2, 1, 1, 1, 1, 1)
 
 class TokenRecycling(Drafter):
     name = "recycling"
+    cheap = True
 
     def __init__(self, vocab_size: int, top_k: int = 8, widths: tuple[int, ...] = DEFAULT_WIDTHS,
                  max_nodes: int = 24):

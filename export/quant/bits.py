@@ -36,3 +36,24 @@ def runtime_bits_per_weight(q: QuantizedLinear, block_size: int | None = None, o
     if q.outliers is not None:
         total += q.outliers.nnz * outlier_bits
     return total / (n * k)
+
+
+class BitTally:
+    """Weighted average bits per weight over the layers a quantizer produced, for the package manifest."""
+
+    def __init__(self) -> None:
+        self.weights = 0
+        self.storage = 0.0
+        self.runtime = 0.0
+
+    def add(self, q: QuantizedLinear) -> None:
+        n = q.codes.size
+        self.weights += n
+        self.storage += storage_bits_per_weight(q) * n
+        self.runtime += runtime_bits_per_weight(q) * n
+
+    def record(self) -> dict[str, float]:
+        if not self.weights:
+            return {}
+        return {"storage_bits_per_weight": round(self.storage / self.weights, 4),
+                "runtime_bits_per_weight": round(self.runtime / self.weights, 4)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from edge.export.quant import QuantizationError
-from edge.export.quant.grid import check_bits, minmax_params, quantize
+from edge.export.quant.grid import check_bits, lattice_params, minmax_params, quantize
 from edge.export.quant.packing import num_blocks
 from edge.export.quant.qlinear import QuantizedLinear
 
@@ -23,8 +23,16 @@ def check_weight(w: np.ndarray) -> np.ndarray:
     return w
 
 
-def quantize_rtn(w: np.ndarray, bits: int, block_size: int) -> QuantizedLinear:
-    """Asymmetric round-to-nearest in blocks of `block_size` input columns (block_size >= K: one per channel)."""
+def quantize_rtn(
+    w: np.ndarray, bits: int, block_size: int, float_zero: bool = False, lattice: bool = False
+) -> QuantizedLinear:
+    """Asymmetric round-to-nearest in blocks of `block_size` input columns (block_size >= K: one per channel).
+
+    Default: min/max grid widened to contain 0, integer zero points (MatMulNBits' uint8), the classic baseline.
+    float_zero: the grid spans each block's own values, zero points are fractional (-> integer zero + group offset);
+    blocks already on a grid of 2**bits levels (a Q4_1/Q4_K GGUF source at bits=4) are reproduced exactly.
+    lattice (integer zeros only): blocks on a grid through 0 (a Q8_0 source at bits=8) are reproduced exactly.
+    """
     w = check_weight(w)
     check_bits(bits)
     if block_size < 1:
@@ -35,10 +43,19 @@ def quantize_rtn(w: np.ndarray, bits: int, block_size: int) -> QuantizedLinear:
     padded = np.zeros((n, kb * block_size), dtype=np.float32)
     padded[:, :k] = w
     blocks = padded.reshape(n, kb, block_size)
-    scale, zero = minmax_params(blocks, bits)
-    codes = quantize(blocks, scale[..., None], zero[..., None], bits)
+    if float_zero or lattice:
+        # a short last block is padded with zeros, which must not count as values of the block
+        blocks = blocks.astype(np.float64)
+        if kb * block_size != k:
+            blocks[:, -1, k - (kb - 1) * block_size :] = blocks[:, -1, :1]
+        scale, zero, _ = lattice_params(blocks, bits, through_zero=not float_zero)
+    else:
+        scale, zero = minmax_params(blocks, bits)
+    codes = quantize(blocks, scale[..., None], zero[..., None], bits).reshape(n, kb * block_size)[:, :k]
+    if float_zero:
+        return QuantizedLinear.from_float_zeros(codes, scale, zero, bits, block_size, method="rtn")
     return QuantizedLinear(
-        codes=codes.reshape(n, kb * block_size)[:, :k].astype(np.uint8),
+        codes=codes.astype(np.uint8),
         scales=scale.astype(np.float32),
         zeros=zero.astype(np.uint8),
         bits=bits,
