@@ -20,6 +20,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", choices=QUANT_METHODS, default="int4", help="weight format (default: int4)")
     p.add_argument("--bits", type=int, help="bits for spqr (3 or 4, default 4) and decoupleq (2-4, default 2)")
     p.add_argument("--group-size", type=int, help="quantization group along K (spqr default 16, decoupleq 64)")
+    p.add_argument("--stat-bits", type=int,
+                   help="spqr: width of the quantized first-level scales and zeros (2-8, default 3; with "
+                        "--group-size 32, 8 bits holds a Q4_1 source's block statistics almost exactly at 4.63 bits)")
     p.add_argument("--zeros", choices=["integer", "float"],
                    help="zero points: integer (MatMulNBits' uint8; the int4 default) or float (an integer zero plus "
                         "a per-block offset term in stock ops, float zeros in --kernels edge; the spqr/decoupleq "
@@ -38,8 +41,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-tree-attention", action="store_true",
                    help="leave out the attention_bias input (no draft-tree verification)")
     p.add_argument("--paged", action="store_true",
-                   help="float32 package whose layers are read from disk on demand (weight paging, for budgets "
-                        "smaller than the model)")
+                   help="package whose layers are read from disk on demand (weight paging, for budgets smaller "
+                        "than the model): --quant fp32, or --quant int4 --kernels edge")
     p.add_argument("--self-draft", choices=["skip"],
                    help="also write the skip-layer self-draft (draft_skip.onnx over the same weights; its layers "
                         "are chosen by measured agreement on calibration text): edge-run --draft skip. "
@@ -87,10 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             from edge.export.load import load_model
             from edge.export.paged import export_paged
 
-            if args.quant != "fp32":
-                raise EdgeError("--paged packages hold float32 weights for now; add --quant fp32")
             out = export_paged(load_model(args.source), args.output, tree_attention=not args.no_tree_attention,
-                               overwrite=args.force)
+                               overwrite=args.force, quant=args.quant, kernels=args.kernels,
+                               accuracy_level=args.accuracy_level)
         else:
             model = None
             if args.self_draft:
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             out = export_model(args.source, args.output, quant=args.quant, overwrite=args.force,
                                tree_attention=not args.no_tree_attention, progress=sys.stderr.isatty(),
                                kernels=args.kernels, bits=args.bits, group_size=args.group_size, model=model,
-                               zeros=args.zeros, embedding_bits=args.embedding_bits,
+                               zeros=args.zeros, embedding_bits=args.embedding_bits, stat_bits=args.stat_bits,
                                **({} if args.accuracy_level is None else {"accuracy_level": args.accuracy_level}))
             if args.self_draft:
                 add_self_draft(args, model, out)

@@ -54,17 +54,19 @@ class Prediction:
 
 def _at_fill(memory, tokens: int, context: int) -> int:
     """Predicted peak with `tokens` of the KV caches written (RSS counts only written pages)."""
-    kv = (memory.kv_target + memory.kv_draft) * min(tokens, context) / context
-    return int(memory.load_peak + kv + memory.logits + memory.tree_buffers + memory.activations)
+    unwritten = (memory.kv_target + memory.kv_draft) * (1 - min(tokens, context) / context)
+    return int(memory.run_peak - unwritten)
 
 
 def predict(result_memory, describe: str, budget: int | None, rate: float, prompt: int, tokens: int,
             context: int) -> Prediction:
+    from edge.memory.budget import SESSION_RUNTIME_BYTES
+
     m = result_memory
     return Prediction(
         describe=describe, terms=m.terms(), budget=budget, decode_tokens_per_s=rate,
-        by_phase={"imports": m.overhead, "session": m.load_peak, "prefill": _at_fill(m, prompt, context),
-                  "decode": _at_fill(m, prompt + tokens, context)})
+        by_phase={"imports": m.overhead - SESSION_RUNTIME_BYTES, "session": m.load_peak,
+                  "prefill": _at_fill(m, prompt, context), "decode": _at_fill(m, prompt + tokens, context)})
 
 
 def unbudgeted_plan(planner, args, draft: bool):
@@ -175,6 +177,8 @@ def write_chart(path: str, prediction: Prediction, rows, sweep, figures, text: s
 
 def profile(args, recorder) -> None:
     with recorder.phase("imports"):
+        import onnx  # noqa: F401  (load_package imports it: counted here, with the rest of the runtime's imports)
+
         from edge.engine import Engine
         from edge.memory.budget import ModelSpec, format_bytes
         from edge.memory.plan_runtime import is_profile_name, plan_package

@@ -108,8 +108,10 @@ class Engine:
     def _make_decoder(self, context_length: int, device: str, threads: int | None):
         """A paged package (edge.export.paged) runs through PagedDecoder: with a plan, its pinned layers and
         streaming window (all layers pinned when the plan keeps the weights resident); without one, 2 slots."""
+        rows = self.plan.max_rows if self.plan is not None else 64  # a plan sized the logits and verify buffers
         if not self.package.manifest.get("paging"):
-            return Decoder(self.package, context_length=context_length, device=device, threads=threads)
+            return Decoder(self.package, context_length=context_length, device=device, threads=threads,
+                           max_rows=rows)
         from edge.paging import PagedDecoder
 
         window, pinned = 2, 0
@@ -118,7 +120,7 @@ class Engine:
             window = plan.stream_window
             pinned = self.package.config.num_layers if plan.resident_layers is None else plan.resident_layers
         return PagedDecoder(self.package, context_length=context_length, device=device, threads=threads,
-                            window=window, pinned=pinned, max_tokens=max(self.prefill_chunk, 64))
+                            max_rows=rows, window=window, pinned=pinned, max_tokens=max(self.prefill_chunk, 64))
 
     def _make_plan(self, budget, profile, context_length, speculator):
         if budget is None and profile is None:
@@ -126,8 +128,11 @@ class Engine:
         from edge.memory.plan_runtime import plan_package
 
         draft = load_package(speculator) if isinstance(speculator, str) and Path(speculator).exists() else None
+        from edge.speculative.factory import verify_rows
+
         return plan_package(self.package, budget if budget is not None else profile, profile=profile,
-                            context=context_length, draft=draft)
+                            context=context_length, draft=draft,
+                            free_draft_nodes=verify_rows(speculator) if draft is None else 0)
 
     def _planned_speculator(self, speculator):
         """A draft model the plan left out (it does not fit or does not pay) is replaced by prompt lookup,

@@ -1,22 +1,27 @@
-"""The paged package layout: one decoder layer's graph serves every layer, its weights fed as graph inputs.
+"""The paged package layout: one decoder layer's graph serves every layer (of its kind), its weights fed as inputs.
 
 Weight paging (edge/paging.py) keeps only a window of layers in memory and reads the others from disk while the
 current ones compute. onnxruntime cannot swap an initializer under a live session, so the layers' weights become
 inputs of one small layer graph, bound per layer (IOBinding, by pointer) to the slot that holds that layer's weights.
-Paged packages are float32: MatMulNBits with weights as inputs loses its prepacked fast path on the CPU (10-80x
-slower), while float MatMul with its weight as an input runs at normal speed.
+Weights are float32 or low-bit for edge.QMatMul (kernels/): MatMulNBits with weights as inputs loses its prepacked
+fast path on the CPU (10-80x slower), while float MatMul and edge.QMatMul take their weights as inputs at full speed
+(QMatMul has no prepack: within 1.03x of constant weights, kernels/README.md).
 
     layer.onnx         one layer: hidden (1,S,H), position_ids, seqlens_k, total_sequence_length,
                        [attention_bias], past_key, past_value and the layer's weights as inputs ->
                        hidden_out (1,S,H), present_key, present_value (in place, as in the resident graph)
+    layer_sliding.onnx the same for sliding-window layers, when a model has both kinds (Gemma 3: its own window
+                       size and rope base; the manifest lists those layers)
     layers.onnx.data   every layer's weights, layer after layer, each layer and each tensor page-aligned, in the
                        same order and relative offsets for every layer
     model.onnx         the head: hidden (1,S,H), logits_index (R,) -> final RMSNorm -> logits (R, vocab), with its
                        weights resident (constant initializers in model.onnx.data)
     model.onnx.data    the head's weights and the token embedding table (the runtime gathers embedding rows from it
-                       through a memory map; a tied head reads the same table)
+                       through a memory map; a tied float head reads the same table, a tied low-bit head has its
+                       own QMatMul copy). A low-bit table is stored in MatMulNBits' layout (B, scales, zero points),
+                       the resident package's GatherBlockQuantized layout, and dequantized row by row.
 
-The manifest's `paging` section indexes all of it (see `paging_manifest`), so the runtime and the memory planner
+The manifest's `paging` section indexes all of it (see `build_paged`), so the runtime and the memory planner
 never parse the layer data.
 """
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +46,7 @@ from edge.export.source import ImportedModel
 from edge.package import atomic_package_dir, write_manifest
 
 LAYER_GRAPH, LAYER_DATA = "layer.onnx", "layers.onnx.data"
+SLIDING_LAYER_GRAPH = "layer_sliding.onnx"  # Gemma 3's local layers: their own window and rope base
 HEAD_GRAPH, HEAD_DATA = "model.onnx", "model.onnx.data"
 
 
@@ -99,20 +106,36 @@ class LayerBuilder(DecoderBuilder):
         return name
 
     def build_layer(self) -> onnx.ModelProto:
+        """The resident graph's layer body (DecoderBuilder.build), closed by the residual add that the resident
+        graph fuses into the next layer's norm."""
         cfg, i, p = self.cfg, self.layer, self.prefix
-        rope = self.rope_caches()[cfg.rope_theta]
+        local = cfg.is_sliding_layer(i) and cfg.rope_local_theta
+        rope = self.rope_caches()[cfg.rope_local_theta if local else cfg.rope_theta]
         hidden = self.rms_norm("hidden", f"{p}input_layernorm.weight")
         attn = self.attention(i, hidden, rope)
-        hidden, residual = self.skip_rms_norm(attn, "hidden", f"{p}post_attention_layernorm.weight")
-        self.g.node("Add", [self.mlp(i, hidden), residual], outputs=["hidden_out"], name="residual")
-        self._rename({f"past_key.{i}": "past_key", f"past_value.{i}": "past_value",
-                      f"present_key.{i}": "present_key", f"present_value.{i}": "present_value"})
+        if cfg.architecture == "gemma3":
+            attn = self.rms_norm(attn, f"{p}post_attention_layernorm.weight")
+            hidden, residual = self.skip_rms_norm(attn, "hidden", f"{p}pre_feedforward_layernorm.weight")
+            out = self.rms_norm(self.mlp(i, hidden), f"{p}post_feedforward_layernorm.weight")
+        else:
+            hidden, residual = self.skip_rms_norm(attn, "hidden", f"{p}post_attention_layernorm.weight")
+            out = self.mlp(i, hidden)
+        self.g.node("Add", [out, residual], outputs=["hidden_out"], name="residual")
+        used = {n for node in self.g.nodes for n in node.input}
+        self.g.initializers = [t for t in self.g.initializers if t.name in used]  # the other rope base's caches
+        names = {f"past_key.{i}": "past_key", f"past_value.{i}": "past_value",
+                 f"present_key.{i}": "present_key", f"present_value.{i}": "present_value"}
+        # edge.QMatMul nodes name their weight inputs themselves (kernels.graph.qmatmul_node), with the layer prefix
+        names |= {n: n[len(p):] for node in self.g.nodes for n in node.input if n.startswith(p)}
+        self._rename(names)
         return self._layer_model()
 
     def _rename(self, names: dict[str, str]) -> None:
         for node in self.g.nodes:
             node.input[:] = [names.get(n, n) for n in node.input]
             node.output[:] = [names.get(n, n) for n in node.output]
+        for t in self.g.initializers:  # constants named after the layer (split sizes, head-norm shapes)
+            t.name = names.get(t.name, t.name)
 
     def _layer_model(self) -> onnx.ModelProto:
         cfg, f32 = self.cfg, TensorProto.FLOAT
@@ -131,7 +154,7 @@ class LayerBuilder(DecoderBuilder):
                    helper.make_tensor_value_info("present_key", f32, cache),
                    helper.make_tensor_value_info("present_value", f32, cache)]
         graph = helper.make_graph(self.g.nodes, "edge_layer", inputs, outputs, self.g.initializers)
-        return _model(graph)
+        return _model(graph, self.opt.kernels == "edge")
 
 
 class HeadBuilder(DecoderBuilder):
@@ -139,43 +162,74 @@ class HeadBuilder(DecoderBuilder):
 
     def build_head(self) -> tuple[onnx.ModelProto, dict[str, Any]]:
         cfg = self.cfg
-        table = self.weight("model.embed_tokens.weight", self.tensors["model.embed_tokens.weight"].astype(np.float32))
-        embedding = _external_entry(self.g.initializers[-1])
+        emb = self.tensors["model.embed_tokens.weight"]
+        q = self.opt.quantizer("model.embed_tokens", emb) if self.opt.quantizer else None
+        if q is None:
+            table = self.weight("model.embed_tokens.weight", emb.astype(np.float32))
+            embedding = _external_entry(self.g.initializers[-1])
+        else:
+            embedding, table = self.quantized_table(q), ""
         hidden = self.rms_norm("hidden", "model.norm.weight")
         rows = self.g.node("Reshape", [hidden, self.const("hidden.flat", [-1, cfg.hidden_size])])[0]
         picked = self.g.node("Gather", [rows, "logits_index"], axis=0)[0]
-        if cfg.tie_word_embeddings:
+        if cfg.tie_word_embeddings and q is not None:
+            logits = self.qmatmul(picked, "lm_head", q, None)  # the head's own QMatMul copy of the table
+        elif cfg.tie_word_embeddings:
             logits = self.g.node("Gemm", [picked, table], transB=1, name="lm_head")[0]
         else:
-            self.g.initializers.pop(0)  # the table is only gathered from (by the runtime), not a graph weight
+            if q is None:
+                self.g.initializers.pop(0)  # the table is only gathered from (by the runtime), not a graph weight
             logits = self.linear(picked, "lm_head", self.tensors["lm_head.weight"])
         self.g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits"))
         inputs = [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, "seq", cfg.hidden_size]),
                   helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["rows"])]
         outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", cfg.vocab_size])]
         graph = helper.make_graph(self.g.nodes, "edge_head", inputs, outputs, self.g.initializers)
-        return _model(graph), embedding
+        return _model(graph, self.opt.kernels == "edge"), embedding
+
+    def quantized_table(self, q) -> dict[str, Any]:
+        """Store the low-bit table in MatMulNBits' layout, outside the graph: only the runtime reads it (a row at a
+        time, through a memory map), so it never becomes resident."""
+        p = q.to_matmulnbits()
+        if p.get("group_offsets") is not None or p.get("outliers") is not None or p["bits"] != 4:
+            raise ModelFormatError("a paged embedding table must be 4-bit with integer zero points (no offsets or "
+                                   "outliers): quantize it with RTN int4")
+        entry: dict[str, Any] = {"file": HEAD_DATA, "format": "matmulnbits", "bits": p["bits"],
+                                 "block_size": p["block_size"], "shape": [p["N"], p["K"]], "dtype": "float32"}
+        for key, array in (("qweight", p["B"]), ("scales", p["scales"].astype(np.float32)),
+                           ("zero_points", p["zero_points"])):
+            entry[key] = _external_entry(self.data.tensor(f"model.embed_tokens.{key}", array))
+        return entry
 
 
-def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                   helper.make_opsetid("com.microsoft", 1)],
-                             producer_name="edge", ir_version=IR_VERSION)
+def _model(graph: onnx.GraphProto, edge_ops: bool = False) -> onnx.ModelProto:
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    if edge_ops:
+        from edge.kernels.library import DOMAIN
+
+        opsets.append(helper.make_opsetid(DOMAIN, 1))
+    return helper.make_model(graph, opset_imports=opsets, producer_name="edge", ir_version=IR_VERSION)
 
 
 def _external_entry(t: TensorProto) -> dict[str, Any]:
     info = {e.key: e.value for e in t.external_data}
-    return {"file": info["location"], "offset": int(info["offset"]), "shape": list(t.dims), "dtype": "float32"}
+    dtype = helper.tensor_dtype_to_np_dtype(t.data_type).name
+    return {"file": info["location"], "offset": int(info["offset"]), "shape": list(t.dims), "dtype": dtype}
+
+
+PAGEABLE = ("llama", "gemma3")
 
 
 def check_pageable(config: ModelConfig, options: BuildOptions) -> None:
-    """One layer graph must fit every layer, and weights fed as inputs must be float (see the module docstring)."""
-    if any(config.is_sliding_layer(i) for i in range(config.num_layers)) or config.architecture != "llama":
-        raise ModelFormatError(f"weight paging needs a model whose layers are all alike (Llama-style); "
-                               f"{config.architecture} mixes sliding-window and global layers: export it resident")
-    if options.quantizer is not None:
-        raise ModelFormatError("a paged package is float32: quantized weights fed as graph inputs lose "
-                               "MatMulNBits' fast path; export with quant='fp32' for paging")
+    """Every layer's weights must have one layout (checked again as they are written), and weights fed as inputs
+    must be float or edge.QMatMul's (see the module docstring)."""
+    if config.architecture not in PAGEABLE:
+        raise ModelFormatError(f"weight paging supports {', '.join(PAGEABLE)} layers, not {config.architecture}: "
+                               f"export it resident")
+    if options.quantizer is not None and options.kernels != "edge":
+        raise ModelFormatError("quantized weights fed as graph inputs lose MatMulNBits' fast path (10-80x slower): "
+                               "export a paged low-bit package with kernels='edge' (edge-export --kernels edge), or "
+                               "use quant='fp32'")
 
 
 def build_paged(config: ModelConfig, tensors, out_dir: Path, options: BuildOptions | None = None,
@@ -186,20 +240,23 @@ def build_paged(config: ModelConfig, tensors, out_dir: Path, options: BuildOptio
     out_dir = Path(out_dir)
     writer = LayerWriter(out_dir / LAYER_DATA)
     layout: list[dict[str, Any]] | None = None
+    graphs: dict[bool, onnx.ModelProto] = {}  # sliding or not -> its layer graph (Gemma 3 has both kinds)
     try:
         for i in range(config.num_layers):
             writer.begin_layer()
-            builder = LayerBuilder(config, tensors, writer, options, i)
-            graph = builder.build_layer()
+            graph = LayerBuilder(config, tensors, writer, options, i).build_layer()
+            graphs.setdefault(config.is_sliding_layer(i), graph)
             if layout is None:
-                layout, layer_graph = writer.tensors, graph
+                layout = writer.tensors
             elif writer.tensors != layout:
                 raise ModelFormatError(f"layer {i}'s weights differ in shape or order from layer 0's; "
-                                       f"this model cannot be paged with one layer graph")
+                                       f"this model cannot be paged with one weight layout")
             progress(1)
     finally:
         data_bytes = writer.close()
-    onnx.save_model(layer_graph, out_dir / LAYER_GRAPH)
+    names = {False: LAYER_GRAPH, True: SLIDING_LAYER_GRAPH}
+    for sliding, graph in graphs.items():
+        onnx.save_model(graph, out_dir / names[sliding])
     data = ExternalData(out_dir / HEAD_DATA)
     try:
         head, embedding = HeadBuilder(config, tensors, data, options).build_head()
@@ -209,16 +266,47 @@ def build_paged(config: ModelConfig, tensors, out_dir: Path, options: BuildOptio
     progress(1)
     offsets = writer.layer_offsets
     stride = offsets[1] - offsets[0] if len(offsets) > 1 else data_bytes
-    return {"layer_graph": LAYER_GRAPH, "layer_data": LAYER_DATA, "layer_offsets": offsets, "layer_bytes": stride,
-            "tensors": layout, "embedding": embedding}
+    section = {"layer_graph": names[next(iter(graphs))] if len(graphs) == 1 else LAYER_GRAPH,
+               "layer_data": LAYER_DATA, "layer_offsets": offsets, "layer_bytes": stride, "tensors": layout,
+               "embedding": embedding}
+    if len(graphs) > 1:  # which layers run the sliding-window graph
+        section["sliding_layer_graph"] = SLIDING_LAYER_GRAPH
+        section["sliding_layers"] = [i for i in range(config.num_layers) if config.is_sliding_layer(i)]
+    return section
+
+
+def paged_build_options(quant: str, kernels: str, tree_attention: bool, rope_cache_len: int | None,
+                        accuracy_level: int | None = None) -> tuple[BuildOptions, dict[str, Any]]:
+    """Build options and the manifest's quantization entry: fp32, or int4 RTN (block 32, integer zero points, 4-bit
+    embedding) on edge.QMatMul, with export_model's choices, so a paged package computes what the resident one does.
+
+    accuracy_level: edge.QMatMul's activations, 0 (the default, as in export_model: x kept to 23 bits) or 4 (int8
+    per group, faster, ~0.5% matmul error)."""
+    from edge.export.pipeline import build_options
+
+    if quant not in ("fp32", "int4"):
+        raise ModelFormatError(f"a paged package is fp32 or int4, not {quant!r}")
+    if quant == "int4" and kernels != "edge":
+        raise ModelFormatError("a paged int4 package needs kernels='edge' (edge-export --quant int4 --kernels edge "
+                               "--paged): MatMulNBits is 10-80x slower with its weights fed as inputs")
+    options, info = build_options(quant, tree_attention)
+    options = replace(options, rope_cache_len=rope_cache_len)
+    if quant == "int4":
+        level = 0 if accuracy_level is None else accuracy_level
+        options = replace(options, kernels="edge", accuracy_level=level)
+        info = {**info, "accuracy_level": level, "kernels": "edge",
+                "embedding": "int4, MatMulNBits layout, gathered by the runtime"}
+    return options, info
 
 
 def export_paged(model: ImportedModel, out_dir: str | os.PathLike, tree_attention: bool = True,
                  overwrite: bool = False, rope_cache_len: int | None = None,
-                 progress: Callable[[int], None] = lambda n: None) -> Path:
-    """Export an imported model as a paged float32 package (atomically, like export_model)."""
+                 progress: Callable[[int], None] = lambda n: None, quant: str = "fp32",
+                 kernels: str = "stock", accuracy_level: int | None = None) -> Path:
+    """Export an imported model as a paged package (atomically, like export_model): fp32, or int4 with
+    kernels='edge' (edge.QMatMul takes its packed weights as inputs at full speed; see paged_build_options)."""
     cfg = model.config
-    options = BuildOptions(tree_attention=tree_attention, rope_cache_len=rope_cache_len)
+    options, quant_info = paged_build_options(quant, kernels, tree_attention, rope_cache_len, accuracy_level)
     with atomic_package_dir(Path(out_dir), overwrite=overwrite) as tmp:
         paging = build_paged(cfg, model.tensors, tmp, options, progress)
         (tmp / "tokenizer.json").write_text(model.tokenizer_json, encoding="utf-8")
@@ -226,9 +314,10 @@ def export_paged(model: ImportedModel, out_dir: str | os.PathLike, tree_attentio
             "name": model.source.get("name") or Path(out_dir).name,
             "config": cfg.to_dict(),
             "graph": {"file": HEAD_GRAPH, "data": HEAD_DATA, "tree_attention": tree_attention,
-                      "kv_dtype": "float32", "custom_ops": []},
+                      "kv_dtype": "float32", "custom_ops": ["edge"] if options.kernels == "edge" else [],
+                      "accuracy_level": options.accuracy_level},
             "paging": paging,
-            "quantization": {"method": "fp32", "bits": 32},
+            "quantization": quant_info,
             "tokenizer": {"file": "tokenizer.json", **vars(model.special_tokens)},
             "chat_template": model.chat_template,
             "source": {**model.source, "exported_by": f"edge {__version__}",

@@ -1,28 +1,37 @@
 """The memory model of generation: how many bytes each buffer of a plan takes, and the peak they reach together.
 
 The planner needs a prediction it can trust before anything is allocated, so every term here is computed from the
-shapes the runtime allocates, never from a measurement of a previous run. Two exceptions have no shape and are
-measured constants: the runtime's own resident set (Python, numpy, onnxruntime, tokenizers; `measure_import_overhead`
-re-measures it) and the share of int weights that ORT's prepack keeps a second copy of.
+shapes the runtime allocates, never from a measurement of a previous run. The exceptions have no shape and are
+measured constants: the runtime's own resident set (what it imports, and its first session;
+`measure_import_overhead` re-measures it), the fixed cost of a step (STEP_FIXED_BYTES) and the share of int weights
+that ORT's prepack keeps a second copy of.
 
 Terms, for a target model (and an optional draft) and a `Plan`:
-- weights: the package's graph plus external data, as stored (int4 MatMulNBits or fp32); with paging only the pinned
-  layers, the streaming window and the non-layer weights are resident.
+- weights: the package's graph plus external data, as stored (int4 MatMulNBits or edge.QMatMul, or fp32); with
+  paging only the pinned layers, the streaming window and the non-layer weights are resident. A paged package's
+  embedding table is gathered through a memory map and never resident (`WeightLayout.embedding_resident`).
 - KV cache: per layer two float32 buffers (1, num_kv_heads, L, head_dim), for the target and for the draft.
 - logits: float32 (rows, vocab), rows = the tree's node count for the target (1 without a draft) and 1 for the draft.
-- tree buffers: the verification step's attention bias (1, 1, w, L) float32 and position ids (1, w) int64.
+- tree buffers: the verification step's attention bias (1, 1, w, L) float32 and position ids (1, w) int64, for a
+  draft model's tree or a model-free drafter's (`Plan.draft_model`).
 - activations: the largest single step (a prefill chunk, a verification step or a decode step of either model), in
-  ORT's arena; see `activation_bytes`.
+  ORT's arena, plus the step's fixed cost and attention's tiles; see `activation_bytes`.
 - overhead: the runtime's resident set.
 - tokenizer: the target's loaded tokenizer, per vocabulary entry (packages only: a bare config has none).
 - prepack: what ORT's prepack keeps after a session is created; it is not transient. Measured with RSS and
   /proc/self/smaps (onnxruntime 1.31.1, CPU, 2 threads) after creating a session and running one 16-token step with
   filled 256-token caches: an fp32 package holds only its tied embedding table twice (the Gemm packs a copy, the
   Gather reads the memory-mapped original); an int4 package ends 0.72 of its MatMulNBits bytes (the tied table
-  included) above weights, buffers and runtime on SmolLM2-135M, hence INT_PREPACK_RATIO. Predicted against measured
-  peak RSS: SmolLM2-135M int4 219.3 / 217.1 MiB (+1.0%, the calibration point), fp32 695.4 / 709.8 MiB (-2.0%);
-  Gemma 3 270M (not used for calibration) int4 422.1 / 395.8 MiB (+6.6%), fp32 1797.9 / 1754.9 MiB (+2.4%).
-  `prepack_fraction` scales the term (1 by default; 0 for a CUDA device, which receives one copy).
+  included) above weights, buffers and runtime on SmolLM2-135M, hence INT_PREPACK_RATIO; edge.QMatMul prepacks
+  nothing. `prepack_fraction` scales the term (1 by default; 0 for a CUDA device, which receives one copy).
+- load peak: session creation, before any buffer: what the sessions hold, and for a paged float package with a tied
+  table the table ORT reads before packing it (`WeightLayout.load_transient_bytes`), which can be the whole peak.
+
+Each term against a fresh process's RSS (benchmarks/results/memory.terms.md, `python benchmarks/memory.py --terms`;
+tests/test_budget.py and tests/test_paging.py assert them within 10%): SmolLM2-135M int4 session +4.1%, with 2048-token
+caches +6.8%, step activations -2.3..+8.4% (S = 1..512); fp32 -0.5%, +0.4%, -2.6..+8.3%; paged (2 slots or all 30
+layers pinned) fp32 +2.2% / +1.2%, int4 on edge.QMatMul +7.4% / +4.7%. Gemma 3 270M int4 on edge.QMatMul: paged +2.8%
+/ +2.6%, resident with 2048-token caches +8.6% (peaks; not in the benchmark, which exports SmolLM2 only).
 
 RSS counts a buffer's pages only once they are written: compare against a measurement at a full context (or after
 filling the caches), since the KV terms are the committed size.
@@ -39,6 +48,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edge.config import ModelConfig
 from edge.errors import EdgeError
 
@@ -47,11 +58,21 @@ FLOAT32 = 4
 INT64 = 8
 NBITS_BLOCK = 32  # MatMulNBits block size used by the exporter: one float32 scale and one zero point per 32 weights
 
-# Measured on this project's CI machine (x86-64, Python 3.11, onnxruntime 1.31.1, numpy 2.4, tokenizers 0.23.3):
-# `import numpy, onnxruntime, tokenizers` in a fresh process raised RSS from 13.2 to 49.8 MiB (three runs, +-0.2 MiB),
-# and creating and running one small CPU session with 2 intra-op threads added 8.8 MiB (68.6 MiB in all with onnx
-# imported, which the runtime does not import). Rounded up to 60 MiB; `measure_import_overhead()` re-measures it.
-RUNTIME_OVERHEAD_BYTES = 60 * MiB
+# Measured on this project's CI machine (x86-64, Python 3.11, onnxruntime 1.31.1, numpy 2.4, tokenizers 0.23.3, onnx
+# 1.23): what the runtime imports (edge.engine and edge.paging pull in numpy, onnxruntime, tokenizers, jinja2 and
+# psutil; load_package imports onnx to check a graph's external-data paths) raised RSS from 13.2 to 67.3 MiB in a
+# fresh process, and creating and running one small CPU session with 2 intra-op threads made it 75.1 MiB (three
+# runs, +-0.1 MiB; a second session adds under 1 MiB). Rounded up to 76 MiB; `measure_import_overhead()` re-measures
+# it. (Before onnx and edge's own modules were counted this was 60 MiB, and a paged int4 SmolLM2-135M, whose
+# weights are small, was predicted 9-13% under its measured peak.)
+IMPORT_BYTES = 68 * MiB  # the imports alone (67.3 MiB measured)
+SESSION_RUNTIME_BYTES = 8 * MiB  # the first session's thread pool, allocator and environment (7.8 MiB measured)
+# Right after `pip install` the same imports measured 93.6 MiB, not 75.3: 35.5 MiB anonymous either way, and 58.2
+# against 39.9 MiB of file-backed library pages (freshly written files sit in the page cache in large folios, and a
+# fault maps a whole folio). Dropping the page cache brings it back to 75.3. Not added to the prediction: it is
+# reclaimable memory of a state that passes, and the budget tests' tolerance covers it.
+FRESH_INSTALL_FILE_BYTES = 20 * MiB
+RUNTIME_OVERHEAD_BYTES = IMPORT_BYTES + SESSION_RUNTIME_BYTES
 
 # Resident bytes of a loaded tokenizer per vocabulary entry: edge.tokenizer.Tokenizer on SmolLM2's tokenizer.json
 # (49,152-entry byte-level BPE with its merges, tokenizers 0.23.3) raised RSS by 39.2 MiB in a fresh process (32.4 MiB
@@ -63,8 +84,20 @@ TOKENIZER_BYTES_PER_ENTRY = 840
 # 82.2 MiB; see the module docstring), rounded up.
 INT_PREPACK_RATIO = 0.75
 
-# onnxruntime's BFC arena extends itself by doubling, so its footprint is up to twice the live intermediate tensors.
+# RSS a step adds per byte of its largest live set of intermediates (see `activation_bytes`): ORT's BFC arena serves
+# each tensor from the best-fitting free chunk, and chunks freed by one op seldom coalesce into the differently sized
+# ones the next op asks for, so a step's arena ends up touching about twice its live set.
 ARENA_GROWTH = 2
+
+# What a step costs whatever its shape (onnxruntime 1.31.1, CPU): measured as the RSS the first step adds on the real
+# SmolLM2-135M packages with every other buffer already written (tests/test_budget.py re-measures it): 1.88 MiB at
+# S=1, the same within 0.1 MiB for int4 and fp32, L=2048 and 8192, 1 and 2 threads, 1 and 16 logits rows (the logits
+# go straight into the bound buffer, not through the arena). Split by kind (/proc/self/status), 1.57 of it is
+# file-backed: the code of the kernels the step runs (MatMulNBits, GroupQueryAttention, ...), first touched by the
+# first step, and only 0.14 anonymous (execution frame, the arena's first region, attention's workspace). The code
+# part depends on the page cache: right after the libraries are installed the kernel maps them in large folios at
+# import, which makes the imports up to FRESH_INSTALL_FILE_BYTES larger and this part as small as 0.36 MiB.
+STEP_FIXED_BYTES = 185 * MiB // 100
 
 # Bytes per weight of the float formats a package may store.
 FLOAT_BYTES = {"fp32": 4, "fp16": 2}
@@ -138,6 +171,19 @@ class WeightLayout:
     layer_prepack_bytes: int  # bytes of one layer that ORT's prepack holds a second copy of
     head_prepack_bytes: int
     embedding_is_head: bool = False  # tied: the lm_head reads the whole table every step
+    # False in a paged package: the runtime gathers rows through a memory map and the table never becomes resident
+    # (a tied float head's Gemm holds its packed copy, counted in head_prepack_bytes; a low-bit head has its own copy)
+    embedding_resident: bool = True
+    # bytes onnxruntime reads while creating the sessions and drops once it has packed them: a paged package's tied
+    # float table, which only the head's Gemm holds as an initializer (its packed copy is head_prepack_bytes)
+    load_transient_bytes: int = 0
+    # rotary cos/sin caches, part of head_bytes: max_context rows in the external data, memory-mapped, so a run
+    # touches only the rows of the positions it uses (a paged package embeds them in its layer graph: all resident)
+    rope_bytes: int = 0
+
+    @property
+    def resident_embedding_bytes(self) -> int:
+        return self.embedding_bytes if self.embedding_resident else 0
 
     @property
     def total(self) -> int:
@@ -162,10 +208,19 @@ class WeightLayout:
             head_bytes=total - self.num_layers * layer - embedding,
             layer_prepack_bytes=min(layer, int(self.layer_prepack_bytes * share)),
             head_prepack_bytes=int(self.head_prepack_bytes * share),
+            load_transient_bytes=int(self.load_transient_bytes * share),
+            rope_bytes=int(self.rope_bytes * share),
         )
 
 
-def estimate_layout(config: ModelConfig, quant: str) -> WeightLayout:
+def qmatmul_bytes(n_out: int, k_in: int, bits: int = 4, group: int = NBITS_BLOCK) -> int:
+    """Bytes of one edge.QMatMul weight (kernels/pack.py): codes, float32 scales and uint8 zero points per group,
+    columns padded to tiles of 8."""
+    n_pad, groups = -(-n_out // 8) * 8, -(-k_in // group)
+    return n_pad * groups * group * bits // 8 + n_pad * groups * (FLOAT32 + 1)
+
+
+def estimate_layout(config: ModelConfig, quant: str, kernels: str = "stock", paged: bool = False) -> WeightLayout:
     """Weight bytes the exporter writes for `config` in `quant`, tensor by tensor.
 
     In an integer format the linear layers (fused q/k/v, o, fused gate/up, down, an untied lm_head) are MatMulNBits and
@@ -179,19 +234,27 @@ def estimate_layout(config: ModelConfig, quant: str) -> WeightLayout:
     q_width, kv_width = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     linears = [(q_width, h), (kv_width, h), (kv_width, h), (h, q_width), (inter, h), (inter, h), (h, inter)]
 
+    edge = bool(bits) and kernels == "edge"
+
     def linear_bytes(n_out: int, k_in: int) -> int:
-        return matmul_nbits_bytes(n_out, k_in, bits) if bits else n_out * k_in * FLOAT_BYTES[quant]
+        if not bits:
+            return n_out * k_in * FLOAT_BYTES[quant]
+        return qmatmul_bytes(n_out, k_in, bits) if edge else matmul_nbits_bytes(n_out, k_in, bits)
 
     layer_linear = sum(linear_bytes(n, k) for n, k in linears)
     norms = (4 if config.architecture == "gemma3" else 2) * h + (2 * config.head_dim if config.qk_norm else 0)
     bias = (q_width + 2 * kv_width) if config.qkv_bias else 0
-    embedding = linear_bytes(config.vocab_size, h)
+    # the table is always in the gather's layout (float, or MatMulNBits' for GatherBlockQuantized)
+    embedding = matmul_nbits_bytes(config.vocab_size, h, bits) if bits else linear_bytes(config.vocab_size, h)
     tied = config.tie_word_embeddings
-    head_linear = 0 if tied else linear_bytes(config.vocab_size, h)
+    # a tied head reads the table itself, except edge.QMatMul, which needs its own copy in its layout
+    head_linear = linear_bytes(config.vocab_size, h) if not tied or edge else 0
     # Prepack: in an integer package every MatMulNBits weight (a tied lm_head reads the table itself once ORT drops
     # the no-op Reshape, as its optimized graph shows); in a float one MLAS packs MatMul weights in place of the
     # originals, but a tied table is packed for the Gemm and kept for the Gather.
-    if bits:
+    if edge:  # edge.QMatMul reads its packed inputs as they are: no prepack (kernels/README.md)
+        layer_prepack = head_prepack = 0
+    elif bits:
         layer_prepack = round(layer_linear * INT_PREPACK_RATIO)
         head_prepack = round((embedding if tied else head_linear) * INT_PREPACK_RATIO)
     else:
@@ -207,6 +270,9 @@ def estimate_layout(config: ModelConfig, quant: str) -> WeightLayout:
         layer_prepack_bytes=layer_prepack,
         head_prepack_bytes=head_prepack,
         embedding_is_head=tied,
+        embedding_resident=not paged,
+        load_transient_bytes=embedding if paged and tied and not bits else 0,
+        rope_bytes=0 if paged else rope,
     )
 
 
@@ -236,6 +302,9 @@ class ModelSpec:
     quant: str
     layout: WeightLayout
     has_tokenizer: bool = False  # a package with a tokenizer file: the runtime loads it (see TOKENIZER_BYTES_PER_ENTRY)
+    kernels: str = "stock"  # "edge": low-bit linears run edge.QMatMul (no prepack, a tied head has its own table)
+    paged: bool = False  # a paged package (export/paged.py): layers can stream from disk, the table is memory-mapped
+    int8_activations: bool = False  # quantized matmuls round their input to int8 (accuracy_level 4): a step's copy
 
     @property
     def tokenizer_bytes(self) -> int:
@@ -259,7 +328,8 @@ class ModelSpec:
         layout = estimate_layout(config, quant)
         if weight_bytes is not None:
             layout = layout.scaled_to(int(weight_bytes))
-        return cls(name=name, config=config, quant=quant, layout=layout)
+        # the exporter's default: MatMulNBits at accuracy_level 4 for integer weights
+        return cls(name=name, config=config, quant=quant, layout=layout, int8_activations=quant not in FLOAT_BYTES)
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], name: str | None = None) -> "ModelSpec":
@@ -278,8 +348,14 @@ class ModelSpec:
             raise BudgetError("the package manifest lists no .onnx or .onnx.data file: re-export the package")
         quant = _manifest_quant(manifest.get("quantization", manifest.get("quant"))) or _infer_quant(config, weights)
         name = name or manifest.get("name") or "model"
-        return cls(name=name, config=config, quant=quant, layout=estimate_layout(config, quant).scaled_to(weights),
-                   has_tokenizer=any(file.endswith("tokenizer.json") for file in sizes))
+        graph = manifest.get("graph") if isinstance(manifest.get("graph"), dict) else {}
+        kernels = "edge" if "edge" in graph.get("custom_ops", []) else "stock"
+        paged = bool(manifest.get("paging"))
+        layout = estimate_layout(config, quant, kernels, paged)
+        layout = _paged_layout(layout, manifest["paging"], weights) if paged else layout.scaled_to(weights)
+        return cls(name=name, config=config, quant=quant, layout=layout, kernels=kernels, paged=paged,
+                   has_tokenizer=any(file.endswith("tokenizer.json") for file in sizes),
+                   int8_activations=_int8_activations(manifest, quant, kernels))
 
     @classmethod
     def from_package(cls, path: str | Path) -> "ModelSpec":
@@ -290,6 +366,36 @@ class ModelSpec:
         except (OSError, ValueError) as exc:
             raise BudgetError(f"cannot read {manifest_path}: {exc}; pass an edge package folder") from exc
         return cls.from_manifest(manifest, name=Path(path).name)
+
+
+def _paged_layout(estimate: WeightLayout, paging: dict[str, Any], total: int) -> WeightLayout:
+    """A paged package's layout from its paging index, exactly: the layer stride, the embedding table's entries, and
+    the rest (head, norms, the layer graphs with their rotary caches) as head bytes. Its weights are graph inputs, so
+    only the head's tied float table is prepacked (the estimate says which)."""
+    try:
+        layer = int(paging["layer_bytes"])
+        emb = paging["embedding"]
+        parts = [emb[k] for k in ("qweight", "scales", "zero_points")] if "qweight" in emb else [emb]
+        table = sum(math.prod(e["shape"]) * np.dtype(e["dtype"]).itemsize for e in parts)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BudgetError(f"the manifest's paging section is incomplete ({exc!r}): re-export the package") from exc
+    head = total - estimate.num_layers * layer - table
+    if head < 0:
+        raise BudgetError("the manifest's paging section does not match its file sizes: re-export the package")
+    transient = table if estimate.load_transient_bytes else 0
+    return replace(estimate, layer_bytes=layer, embedding_bytes=table, head_bytes=head, layer_prepack_bytes=0,
+                   head_prepack_bytes=table if estimate.head_prepack_bytes else 0, load_transient_bytes=transient)
+
+
+def _int8_activations(manifest: dict[str, Any], quant: str, kernels: str) -> bool:
+    """Whether the package's quantized matmuls run at accuracy_level 4 (int8 activations): as recorded in its graph
+    or quantization entry, else the exporter's default (4 for MatMulNBits, 0 for edge.QMatMul)."""
+    if quant in FLOAT_BYTES:
+        return False
+    graph = manifest.get("graph") if isinstance(manifest.get("graph"), dict) else {}
+    quantization = manifest.get("quantization") if isinstance(manifest.get("quantization"), dict) else {}
+    level = graph.get("accuracy_level", quantization.get("accuracy_level", 0 if kernels == "edge" else 4))
+    return level == 4
 
 
 def _manifest_quant(entry: Any) -> str | None:
@@ -315,7 +421,9 @@ class Plan:
     """The choices that fix every buffer's size.
 
     A draft of `draft_len` levels with `tree_width` candidates per level verifies `nodes` = 1 + draft_len * tree_width
-    tokens in one target step (a chain is width 1: k drafted tokens, k + 1 rows). `resident_layers` None keeps all
+    tokens in one target step (a chain is width 1: k drafted tokens, k + 1 rows). `draft_model` False: the tree comes
+    from a model-free drafter (prompt lookup, token recycling), so only the target's verification buffers are
+    needed, and `nodes` is the most the drafter may propose (the runtime's node cap). `resident_layers` None keeps all
     weights in memory; a number pins that many layers and streams the others from disk through `stream_window` slots.
     The KV buffers hold `context` tokens, so the runtime must stop (or slide) `nodes` tokens before the end.
     """
@@ -326,6 +434,7 @@ class Plan:
     tree_width: int = 1
     resident_layers: int | None = None
     stream_window: int = 2
+    draft_model: bool = True
 
     def __post_init__(self) -> None:
         if self.context < 1 or self.prefill_chunk < 1 or self.draft_len < 0 or self.tree_width < 1:
@@ -336,6 +445,10 @@ class Plan:
     @property
     def speculative(self) -> bool:
         return self.draft_len > 0
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.speculative and self.draft_model
 
     @property
     def nodes(self) -> int:
@@ -390,20 +503,79 @@ def tree_buffer_bytes(nodes: int, context: int) -> int:
     return nodes * context * FLOAT32 + nodes * INT64
 
 
-def activation_bytes(config: ModelConfig, tokens: int, context: int, full_scores: bool = False) -> int:
-    """Intermediate tensors of one step over `tokens` new tokens attending to `context` positions.
+# GroupQueryAttention's tiled attention (onnxruntime 1.31, CPU) sizes its tiles to the L2 cache: kv blocks of
+# L2 / (32 * head_dim) rows, query blocks of at most 2 * head_dim rows. The L2 size is read from the OS; 2 MiB (a
+# large L2 per core, so larger tiles) where it cannot be.
+def _l2_cache_bytes(default: int = 2 * MiB) -> int:
+    from pathlib import Path
 
-    The live tensors of a step are about tokens x (4 hidden + 3 intermediate + q/k/v widths) float32; ORT's CPU arena
-    grows in powers of two, so it holds up to ARENA_GROWTH times that. onnxruntime 1.31's GroupQueryAttention tiles
-    attention (flash style), so there is no (num_heads, tokens, context) score buffer unless `full_scores` asks for
-    one (a kernel that materialises scores). Measured peak RSS added by one step, arena on, 2 threads, caches full
-    (P = L - S): SmolLM2-135M int4 S=512 32.5 MiB at L=2048 and 32.6 at L=8192 (30.8 predicted), S=128 11.5 (7.7);
-    Gemma 3 270M int4 S=512, L=2048 50.9 (40.0).
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                size = (index / "size").read_text().strip().upper()
+                return int(size[:-1]) * (MiB if size.endswith("M") else KiB) if size[-1] in "KM" else int(size)
+        except (OSError, ValueError):
+            break
+    return default
+
+
+L2_CACHE_BYTES = _l2_cache_bytes()
+DEFAULT_THREADS = 2
+
+
+def attention_scratch_bytes(config: ModelConfig, tokens: int, context: int, threads: int = DEFAULT_THREADS,
+                            l2_bytes: int = L2_CACHE_BYTES) -> int:
+    """GroupQueryAttention's per-thread tile buffers: running max and sum per query row, one (q_block, kv_block)
+    score tile and one (q_block, head_dim) output tile. It grows with the step's tokens up to 2 * head_dim query rows
+    and then stays: what makes a mid-sized step (S=16..128) cost more per token than a long prefill chunk."""
+    d = config.head_dim
+    kv_block = max(1, min(l2_bytes // (FLOAT32 * 4 * 2 * d), context))
+    q_block = min(tokens, 2 * d)
+    return threads * q_block * (2 + kv_block + d) * FLOAT32
+
+
+def activation_bytes(config: ModelConfig, tokens: int, context: int, full_scores: bool = False,
+                     threads: int = DEFAULT_THREADS, int8_activations: bool = False) -> int:
+    """RSS one step over `tokens` new tokens attending to `context` positions adds: STEP_FIXED_BYTES plus the arena.
+
+    Per token: ARENA_GROWTH x the MLP's peak live set, hidden + 4 intermediate float32 (the residual stream, the
+    fused gate/up output and the two halves Split makes of it: the largest live set of a step, larger than
+    attention's); GroupQueryAttention's own copies of q, k and v (unpacked and rotated, 2 x (heads + 2 kv heads) x
+    head_dim float32: 1920 per token for SmolLM2-135M, against 1970 measured on the op alone); and with
+    `int8_activations` (MatMulNBits' accuracy_level 4, or edge.QMatMul's) ARENA_GROWTH x the int8 copy of the widest
+    matmul input, intermediate bytes plus a float32 scale per 32. It grows linearly with S, not in powers of two:
+    the arena's regions double, but RSS counts only the pages a step writes. onnxruntime 1.31's
+    GroupQueryAttention tiles attention, so there is no (num_heads, tokens, context) score buffer unless
+    `full_scores` asks for one (a kernel that materialises scores); its tiles are `attention_scratch_bytes`.
+    Without STEP_FIXED_BYTES and the tiles this term was 5-30% under for prefill chunks and almost all of a decode
+    step's real cost.
+
+    Measured RSS added by one step (a fresh process per S, caches written, P = L - S, 2 threads; the slopes, 57.1 and
+    53.1 KB per token for int4 and fp32, are what separates the int8 copy), against this prediction: SmolLM2-135M
+    int4 (MatMulNBits, level 4) S=1 1.9 MiB (+3.8%), S=16 3.0 (-0.3%), S=64 6.7 (-4.7%), S=128 10.5 (+3.4%), S=256
+    17.7 (+6.2%), S=512 32.0 (+8.3%); fp32 S=1 2.0 (+0.3%), S=16 3.0 (-1.2%), S=64 6.1 (+0.9%), S=128 10.0 (+4.2%),
+    S=256 17.1 (+4.9%), S=512 30.4 (+8.4%). The same at L=8192 and with 1 thread. Gemma 3 270M int4 S=512, L=2048
+    50.9 (45.8, -10%): its extra norms (q/k norms, post-attention and post-MLP norms) are not counted (an open gap).
     """
-    per_token = (config.hidden_size * 4 + 3 * config.intermediate_size
-                 + (config.num_heads + 2 * config.num_kv_heads) * config.head_dim)
-    scores = config.num_heads * tokens * context if full_scores else 0
-    return (ARENA_GROWTH * tokens * per_token + scores) * FLOAT32
+    mlp = config.hidden_size + 4 * config.intermediate_size
+    attention_copies = 2 * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+    per_token = (ARENA_GROWTH * mlp + attention_copies) * FLOAT32
+    if int8_activations:
+        per_token += ARENA_GROWTH * config.intermediate_size * (1 + FLOAT32 / NBITS_BLOCK)
+    scores = config.num_heads * tokens * context * FLOAT32 if full_scores else 0
+    scratch = 0 if full_scores else attention_scratch_bytes(config, tokens, context, threads)
+    return STEP_FIXED_BYTES + int(tokens * per_token) + scores + scratch
+
+
+def untouched_rope_bytes(spec: ModelSpec, context: int) -> int:
+    """Rows of the rotary caches past `context`: memory-mapped and never read, so never resident."""
+    return int(spec.layout.rope_bytes * max(0.0, 1 - context / spec.config.max_context))
+
+
+def resident_weights(spec: ModelSpec, context: int) -> int:
+    """A resident model's weight bytes that a run at `context` makes resident."""
+    layout = spec.layout
+    return layout.total - layout.embedding_bytes + layout.resident_embedding_bytes - untouched_rope_bytes(spec, context)
 
 
 class MemoryModel:
@@ -411,8 +583,9 @@ class MemoryModel:
 
     def __init__(self, target: ModelSpec, draft: ModelSpec | None = None, *,
                  overhead_bytes: int = RUNTIME_OVERHEAD_BYTES, prepack_fraction: float | None = None,
-                 full_scores: bool = False):
+                 full_scores: bool = False, threads: int = DEFAULT_THREADS):
         self.target = target
+        self.threads = threads  # onnxruntime intra-op threads: attention keeps one set of tiles per thread
         self.full_scores = full_scores  # True for an attention kernel that materialises (heads, S, L) scores
         self.draft = draft
         self.overhead_bytes = overhead_bytes
@@ -429,8 +602,9 @@ class MemoryModel:
     def weights_target(self, plan: Plan) -> int:
         layout = self.target.layout
         if not self._paged(plan):
-            return layout.total
-        return layout.embedding_bytes + layout.head_bytes + self._resident_layers(plan) * layout.layer_bytes
+            return resident_weights(self.target, plan.context)
+        head = layout.head_bytes - untouched_rope_bytes(self.target, plan.context)
+        return layout.resident_embedding_bytes + head + self._resident_layers(plan) * layout.layer_bytes
 
     def disk_bytes_per_pass(self, plan: Plan) -> int:
         """Weight bytes read from disk for every forward pass of the target (0 when all layers are resident)."""
@@ -452,37 +626,67 @@ class MemoryModel:
 
     def _activations(self, plan: Plan) -> int:
         L, chunk, full = plan.context, min(plan.prefill_chunk, plan.context), self.full_scores
-        configs = [self.target.config] + ([self.draft.config] if plan.speculative else [])
+        specs = [self.target] + ([self.draft] if plan.uses_draft_model else [])
         tokens = [chunk, plan.nodes, 1]
-        return max(activation_bytes(c, s, L, full) for c in configs for s in tokens)
+        return max(activation_bytes(m.config, s, L, full, self.threads, m.int8_activations)
+                   for m in specs for s in tokens)
 
     def estimate(self, plan: Plan) -> MemoryEstimate:
-        if plan.speculative and self.draft is None:
-            raise ValueError("a speculative plan needs a draft model")
-        draft = self.draft if plan.speculative else None
+        if plan.uses_draft_model and self.draft is None:
+            raise ValueError("a speculative plan with a draft model needs a draft model (or draft_model=False)")
+        draft = self.draft if plan.uses_draft_model else None
         weights_t = self.weights_target(plan)
-        weights_d = draft.weight_bytes if draft else 0
+        weights_d = resident_weights(draft, plan.context) if draft else 0
         kv_t = kv_cache_bytes(self.target.config, plan.context)
         kv_d = kv_cache_bytes(draft.config, plan.context) if draft else 0
         logits = logits_bytes(plan.nodes, self.target.config.vocab_size)
         logits += logits_bytes(1, draft.config.vocab_size) if draft else 0
-        tree = tree_buffer_bytes(plan.nodes, plan.context) if draft else 0
+        tree = tree_buffer_bytes(plan.nodes, plan.context) if plan.speculative else 0
         activations = self._activations(plan)
         prepack = self.prepack(self.target, self._resident_layers(plan)) + (self.prepack(draft) if draft else 0)
-        # Sessions are created before any buffer is allocated, so generation always holds the larger peak; the load
-        # peak is kept apart because it is what a runtime without buffers (or edge-profile's first phase) sees.
+        # Sessions are created before any buffer is allocated; the load peak is kept apart because it is what a
+        # runtime without buffers (or edge-profile's first phase) sees, and because a paged float package's load
+        # briefly holds its tied table twice (read, then packed), which can outweigh a small streaming plan.
         tokenizer = self.target.tokenizer_bytes
-        load_peak = self.overhead_bytes + tokenizer + weights_t + weights_d + prepack
-        run_peak = load_peak + kv_t + kv_d + logits + tree + activations
+        resident = self.overhead_bytes + tokenizer + weights_d + prepack
+        # A paged package's sessions hold only the head: pinned layers and the window's slots are read after them.
+        # edge.QMatMul packages hold none yet: onnxruntime memory-maps the external data and, with nothing to
+        # prepack, first touches the weights in the first step (measured: SmolLM2-135M int4 on edge.QMatMul, 94.9
+        # MiB after session creation, 266 MiB after the first steps with 2048-token caches, 273 predicted).
+        layout = self.target.layout
+        if self.target.kernels == "edge":
+            in_sessions = 0
+        elif self.target.paged:
+            in_sessions = layout.head_bytes + layout.resident_embedding_bytes
+        else:
+            in_sessions = weights_t
+        load_peak = resident + in_sessions + layout.load_transient_bytes
+        run_peak = resident + weights_t + kv_t + kv_d + logits + tree + activations
         return MemoryEstimate(
             weights_target=weights_t, weights_draft=weights_d, kv_target=kv_t, kv_draft=kv_d, logits=logits,
             tree_buffers=tree, activations=activations, overhead=self.overhead_bytes,
             prepack=prepack, load_peak=load_peak, run_peak=run_peak, tokenizer=tokenizer)
 
 
+_MEASURE_OVERHEAD = """
+import numpy as np, onnx, onnxruntime as ort, psutil
+import edge.engine, edge.paging
+from onnx import TensorProto, helper
+graph = helper.make_graph([helper.make_node('Relu', ['x'], ['y'])], 'g',
+                          [helper.make_tensor_value_info('x', TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info('y', TensorProto.FLOAT, [4])])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid('', 21)], ir_version=10)
+options = ort.SessionOptions()
+options.intra_op_num_threads = 2
+session = ort.InferenceSession(model.SerializeToString(), options, providers=['CPUExecutionProvider'])
+session.run(None, {'x': np.ones(4, np.float32)})
+print(psutil.Process().memory_info().rss)
+"""
+
+
 def measure_import_overhead() -> int:
-    """RSS in bytes of a fresh Python process after importing numpy, onnxruntime and tokenizers (needs psutil)."""
-    code = ("import psutil, numpy, onnxruntime, tokenizers; "
-            "print(psutil.Process().memory_info().rss)")
+    """RSS in bytes of a fresh Python process after importing what the runtime imports and running one small
+    session (needs psutil): what RUNTIME_OVERHEAD_BYTES stands for."""
+    code = _MEASURE_OVERHEAD
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     return int(result.stdout.strip())

@@ -33,11 +33,18 @@ class RuntimePlan:
 
     @property
     def speculative(self) -> bool:
-        return self.result.plan.speculative
+        """The plan keeps the draft model (a model-free drafter's reserved tree is `max_rows`, not this)."""
+        return self.result.plan.uses_draft_model
 
     @property
     def draft_len(self) -> int:
         return self.result.plan.draft_len
+
+    @property
+    def max_rows(self) -> int:
+        """Tokens a verification step may score: the decoder's logits rows and so a drafter's node cap (the
+        speculative decoder caps every tree at decoder.max_rows - 1 drafted nodes)."""
+        return self.result.plan.nodes
 
     def describe(self) -> str:
         return f"budget {self.source}\n{self.result.describe()}"
@@ -52,13 +59,16 @@ def is_profile_name(budget: object) -> bool:
 
 
 def plan_package(package: Package, budget: int | float | str, *, profile: str | None = None,
-                 context: int | None = None, draft: Package | None = None) -> RuntimePlan:
+                 context: int | None = None, draft: Package | None = None,
+                 free_draft_nodes: int = 0) -> RuntimePlan:
     """The plan for running `package` (and optionally `draft`) within `budget`.
 
     `budget` is bytes, a size string ('2GiB') or a device profile name (its memory is the budget and its bandwidths
     the speed model); `profile` sets the device explicitly when the budget is a size. `context` caps the planned
-    context (the user asked for at most that many tokens). Raises BudgetError, with the lower bound and the budget,
-    when the model cannot run within it.
+    context (the user asked for at most that many tokens). `free_draft_nodes`: the tree a model-free drafter may
+    verify (token recycling: 25 nodes with its default 24-node cap), reserved when no draft model is planned; the
+    runtime must then size its logits rows and node cap from `RuntimePlan.max_rows`. Raises BudgetError, with the
+    lower bound and the budget, when the model cannot run within it.
     """
     device = load_profile(profile) if profile else None
     if is_profile_name(budget):
@@ -71,7 +81,8 @@ def plan_package(package: Package, budget: int | float | str, *, profile: str | 
     target = ModelSpec.from_manifest(package.manifest, name=package.root.name)
     draft_spec = ModelSpec.from_manifest(draft.manifest, name=draft.root.name) if draft is not None else None
     # A paged package can run with only a window of its layers resident (edge/paging.py).
-    planner = make_planner(target, draft=draft_spec, device=device, allow_paging=bool(package.manifest.get("paging")))
+    planner = make_planner(target, draft=draft_spec, device=device, allow_paging=bool(package.manifest.get("paging")),
+                           free_draft_nodes=free_draft_nodes)
     if context is not None and context < planner.min_context:
         planner.min_context = max(1, int(context))  # a user who asks for a tiny context may run in a tiny budget
     try:

@@ -109,8 +109,9 @@ class SpeedModel:
         return self.draft_cost(tokens) * model.draft.bytes_read_per_token / self.memory_bandwidth
 
     def decode_rate(self, model: MemoryModel, plan: Plan) -> float:
-        """Generated tokens per second."""
-        if not plan.speculative:
+        """Generated tokens per second. A model-free drafter's tree is a memory reservation, not a predicted
+        speed-up: the runtime measures whether and how deep it pays (edge.speculative's adaptive depth)."""
+        if not plan.uses_draft_model:
             return 1.0 / self.target_step(model, plan, 1)
         step = plan.draft_len * self.draft_step(model, 1) + self.target_step(model, plan, plan.nodes)
         return expected_tokens(self.alpha, plan.draft_len, plan.tree_width) / step
@@ -119,7 +120,7 @@ class SpeedModel:
         full, rest = divmod(prompt, plan.prefill_chunk)
         seconds = full * self.target_step(model, plan, plan.prefill_chunk)
         seconds += self.target_step(model, plan, rest) if rest else 0.0
-        if plan.speculative:
+        if plan.uses_draft_model:
             seconds += full * self.draft_step(model, plan.prefill_chunk) + (self.draft_step(model, rest) if rest else 0)
         return seconds
 
@@ -158,8 +159,12 @@ class PlanResult:
 
     def describe(self) -> str:
         p = self.plan
-        draft = (f"draft {p.draft_len} levels x {p.tree_width} ({p.nodes} nodes per verification)"
-                 if p.speculative else "no draft")
+        if p.uses_draft_model:
+            draft = f"draft {p.draft_len} levels x {p.tree_width} ({p.nodes} nodes per verification)"
+        elif p.speculative:
+            draft = f"model-free drafting, up to {p.nodes} nodes per verification"
+        else:
+            draft = "no draft"
         paging = ("all layers resident" if p.resident_layers is None
                   else f"{p.resident_layers} layers pinned, rest paged")
         return "\n".join([
@@ -177,7 +182,10 @@ class Planner:
     def __init__(self, model: MemoryModel, speed: SpeedModel, *, min_context: int = MIN_CONTEXT,
                  context_step: int = CONTEXT_STEP, min_chunk: int = MIN_CHUNK, max_chunk: int = MAX_CHUNK,
                  max_nodes: int = MAX_NODES, max_tree_width: int = MAX_TREE_WIDTH, allow_paging: bool = False,
-                 prompt_tokens: int = 512, new_tokens: int = 256):
+                 prompt_tokens: int = 512, new_tokens: int = 256, free_draft_nodes: int = 0):
+        """`free_draft_nodes`: the verification tree a model-free drafter (token recycling, prompt lookup) may
+        propose, root included; when no draft model is planned, the plan reserves as much of it as fits after the
+        context (a plan's `nodes` is then what the runtime caps the drafter's tree at)."""
         self.model, self.speed = model, speed
         self.max_context = model.target.config.max_context
         if model.draft is not None:
@@ -188,6 +196,7 @@ class Planner:
         self.max_nodes, self.max_tree_width = max_nodes, max_tree_width
         self.allow_paging = allow_paging
         self.prompt_tokens, self.new_tokens = prompt_tokens, new_tokens
+        self.free_draft_nodes = free_draft_nodes
 
     # -- candidates ---------------------------------------------------------------------------------------------
 
@@ -295,10 +304,20 @@ class Planner:
                 + ("" if self.allow_paging else ", or allow weight paging"))
         best = min(self._candidates(chosen_context, budget, paged),
                    key=lambda p: (self._request_seconds(p), self.model.estimate(p).peak))
-        return self._result(best, budget)
+        return self._result(self._with_free_tree(best, budget), budget)
+
+    def _with_free_tree(self, plan: Plan, budget: int) -> Plan:
+        """Reserve the model-free drafter's tree in a plan without a draft model: the largest that still fits."""
+        if plan.speculative:
+            return plan
+        for nodes in range(self.free_draft_nodes, 1, -1):
+            reserved = replace(plan, draft_len=nodes - 1, tree_width=1, draft_model=False)
+            if self._fits(reserved, budget):
+                return reserved
+        return plan
 
     def _result(self, plan: Plan, budget: int) -> PlanResult:
-        plain = replace(plan, draft_len=0, tree_width=1)
+        plain = replace(plan, draft_len=0, tree_width=1, draft_model=True)
         prompt = min(self.prompt_tokens, plan.context // 2) or 1
         speed = self.speed
         return PlanResult(
@@ -306,7 +325,8 @@ class Planner:
             decode_tokens_per_s=speed.decode_rate(self.model, plan),
             plain_decode_tokens_per_s=speed.decode_rate(self.model, plain),
             prefill_tokens_per_s=prompt / speed.prefill_seconds(self.model, plan, prompt),
-            tokens_per_step=expected_tokens(speed.alpha, plan.draft_len, plan.tree_width))
+            tokens_per_step=(expected_tokens(speed.alpha, plan.draft_len, plan.tree_width)
+                             if plan.uses_draft_model else 1.0))
 
 
 def resolve_budget(budget: int | str) -> tuple[int, DeviceProfile | None]:

@@ -71,8 +71,15 @@ def test_flags_may_sit_between_model_and_prompt(package, capsys):
 
 def test_export_paged_package_runs(hf_folder, tmp_path, capsys):
     assert export_cli.main([str(hf_folder), "-o", str(tmp_path / "int4"), "--paged"]) == 2
-    assert "--quant fp32" in capsys.readouterr().err
+    assert "--kernels edge" in capsys.readouterr().err  # int4 paging needs weights-as-inputs at full speed
     assert export_cli.main([str(hf_folder), "-o", str(tmp_path / "paged"), "--paged", "--quant", "fp32"]) == 0
     capsys.readouterr()
     assert run_cli.main([str(tmp_path / "paged"), "t1 t2", "--raw", "-n", "3", "--context", "64"]) == 0
     assert len(capsys.readouterr().out.split()) == 3
+    from edge.kernels import library_path
+
+    if library_path() is not None:
+        assert export_cli.main([str(hf_folder), "-o", str(tmp_path / "paged4"), "--paged", "--kernels", "edge"]) == 0
+        capsys.readouterr()
+        assert run_cli.main([str(tmp_path / "paged4"), "t1 t2", "--raw", "-n", "3", "--context", "64"]) == 0
+        assert len(capsys.readouterr().out.split()) == 3

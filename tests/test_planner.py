@@ -213,3 +213,34 @@ def test_plan_rejects_invalid_fields():
         Plan(context=0)
     with pytest.raises(ValueError):
         Plan(context=256, resident_layers=-1)
+
+
+def test_a_model_free_drafters_tree_is_reserved_after_the_context():
+    """Token recycling verifies trees without a draft model: the plan reserves its logits rows, tree bias and
+    activations (as much of the tree as fits once the context is chosen), and the runtime caps the tree at it."""
+    from edge.memory.budget import logits_bytes, tree_buffer_bytes
+
+    target = ModelSpec.from_config(SMOLLM2, "int4")
+    plain = plan_for(target, "1GiB", context=2048)
+    free = plan_for(target, "1GiB", context=2048, free_draft_nodes=25)
+    assert not plain.plan.speculative and free.plan.nodes == 25 and not free.plan.uses_draft_model
+    assert free.plan.context == plain.plan.context and free.memory.weights_draft == free.memory.kv_draft == 0
+    assert free.memory.logits == logits_bytes(25, SMOLLM2.vocab_size)
+    assert free.memory.tree_buffers == tree_buffer_bytes(25, 2048)
+    assert free.memory.peak <= free.budget and free.memory.peak > plain.memory.peak
+    assert "model-free drafting, up to 25 nodes" in free.describe()
+    # a budget that fits the context but not the whole tree keeps the context and shrinks the tree
+    tight = plain.memory.peak + logits_bytes(6, SMOLLM2.vocab_size) + tree_buffer_bytes(6, 2048) + (1 << 20)
+    squeezed = plan_for(target, tight, context=2048, free_draft_nodes=25)
+    assert squeezed.plan.context == 2048 and 1 < squeezed.plan.nodes < 25 and squeezed.memory.peak <= tight
+
+
+def test_runtime_plan_exposes_the_node_cap(tmp_path):
+    from edge.memory.plan_runtime import plan_package
+    from edge.package import Package
+
+    manifest = {"name": "m", "config": SMOLLM2.to_dict(), "quantization": {"method": "rtn", "bits": 4},
+                "files": {"model.onnx": {"bytes": 400_000}, "model.onnx.data": {"bytes": 90_000_000}}}
+    plan = plan_package(Package(tmp_path, manifest), "1GiB", context=1024, free_draft_nodes=25)
+    assert plan.max_rows == 25 and not plan.speculative  # the engine's "draft model kept" stays False
+    assert plan_package(Package(tmp_path, manifest), "1GiB", context=1024).max_rows == 1

@@ -86,6 +86,6 @@ def test_measuring_leaves_the_cache_as_it_was_and_is_cached(tmp_path, monkeypatc
     assert curve.sizes == (1, 2, 4, 8, 16) and all(np.diff(curve.seconds) >= 0)
     assert 0 <= curve.deviation < 1e-3 and curve.margin == 2 * curve.deviation
     assert CostCurve(curve.sizes, curve.seconds, 0.5).margin == 0.0  # a different kernel path: no guard
-    files = list((tmp_path / "cache" / "speculative").glob("cost-*-t1.json"))
+    files = list((tmp_path / "cache" / "speculative").glob("cost-*-t1-r16.json"))  # keyed by package, threads and rows
     assert len(files) == 1
     assert CostCurve.cached(decoder, threads=1) == curve  # read back, not measured again

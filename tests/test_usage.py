@@ -18,3 +18,25 @@ def test_child_of_a_large_parent_reports_its_own_peak():
     code = "from edge.memory.usage import peak_rss_bytes; print(peak_rss_bytes())"
     child_peak = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert child_peak < 200 * 2**20 < ballast.nbytes
+
+
+def test_terms_are_measured_in_fresh_processes(tmp_path):
+    """The runtime's RSS at the memory model's terms: session, buffers (a tiny model's caches are small, so about
+    the session), growing steps; and a paged package's peak."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    from edge.export.paged import export_paged
+    from edge.export.pipeline import export_model
+    from edge.memory.usage import measure_paged, measure_resident
+    from tiny_models import tiny_llama
+
+    _, imported = tiny_llama(num_hidden_layers=2)
+    resident = export_model("tiny", tmp_path / "r", quant="fp32", model=imported)
+    measured = measure_resident(resident, 64, [1, 8, 32])
+    assert 40 * 2**20 < measured["session"] <= measured["buffers"] < measured["session"] + 8 * 2**20
+    assert len(measured["steps"]) == 3 and all(0 <= s < 16 * 2**20 for s in measured["steps"])
+    peak = measure_paged(export_paged(imported, tmp_path / "p"), pinned=0, window=2)
+    assert 40 * 2**20 < peak < 400 * 2**20
+    with pytest.raises(RuntimeError, match="failed"):
+        measure_paged(tmp_path / "missing", pinned=0, window=2)

@@ -59,6 +59,7 @@ class CostCurve:
         Also compares each multi-token step's logits with 1-token steps over the same tokens: the largest
         difference is how far a verify row may be from what plain decoding computes.
         """
+        sizes = tuple(s for s in sizes if s <= decoder.max_rows) or (1,)  # a planned decoder may score fewer rows
         cache, length = decoder.cache, decoder.cache.length
         base = min(max(length, past), cache.capacity - max(sizes))
         if base < 0:
@@ -90,7 +91,8 @@ class CostCurve:
     def cached(cls, decoder: Decoder, threads: int | None) -> CostCurve:
         """The curve for this package and thread count, measured on first use and kept in the edge cache."""
         key = sha256_file(decoder.package.root / "manifest.json")[:16]
-        path = cache_dir() / "speculative" / f"cost-v2-{key}-t{threads or 0}.json"
+        rows = max(s for s in SIZES if s <= decoder.max_rows) if decoder.max_rows > 1 else 1
+        path = cache_dir() / "speculative" / f"cost-v2-{key}-t{threads or 0}-r{rows}.json"
         if path.exists():
             data = json.loads(path.read_text())
             return cls(tuple(data["sizes"]), tuple(data["seconds"]), data["deviation"])

@@ -15,6 +15,16 @@ from edge.speculative.token_recycling import TokenRecycling
 NAMES = ("prompt-lookup", "recycling", "auto", "skip", "lookup+skip")
 
 
+def verify_rows(spec) -> int:
+    """Tokens one verify step of a model-free drafter scores (root included), for the memory plan; 0 for drafters
+    with a model of their own, which the planner sizes itself."""
+    if spec == "prompt-lookup":
+        return 1 + Speculator([PromptLookup()]).max_depth
+    if spec in ("recycling", "auto"):
+        return 1 + TokenRecycling(1).max_nodes
+    return 0
+
+
 def make_speculator(spec: str, engine, draft_length: int | None = None) -> Speculator:
     """`spec`: prompt-lookup, recycling, auto (prompt lookup, else recycling), skip (the package's skip-layer
     self-draft), lookup+skip (prompt lookup, else the self-draft), or a draft package's path (prompt lookup, else
