@@ -30,6 +30,7 @@ VARIANTS = {
     "spqr 3-bit": dict(quant="spqr", bits=3),
     "spqr 3-bit, int4 embedding": dict(quant="spqr", bits=3, embedding_bits=4),
     "spqr 4-bit": dict(quant="spqr", bits=4),
+    "spqr 4-bit (group 32 and 8-bit stats)": dict(quant="spqr", bits=4, group_size=32, stat_bits=8),
     "decoupleq 2-bit": dict(quant="decoupleq", bits=2),
     "decoupleq 3-bit": dict(quant="decoupleq", bits=3),
     "decoupleq 4-bit": dict(quant="decoupleq", bits=4),
@@ -45,7 +46,7 @@ def out_dir() -> Path:
 def export(name: str, spec: dict, imported, fp32_dir: Path) -> tuple[Path, float]:
     from edge.export.pipeline import export_model, rtn_quantizer
 
-    target = out_dir() / name.replace(" ", "-").replace("(", "").replace(")", "")
+    target = out_dir() / name.replace(" ", "-").replace("(", "").replace(")", "").replace(",", "")
     shutil.rmtree(target, ignore_errors=True)
     start = time.perf_counter()
     if spec.get("peer"):
@@ -53,7 +54,8 @@ def export(name: str, spec: dict, imported, fp32_dir: Path) -> tuple[Path, float
     elif spec["quant"] == "rtn2":
         export_model("smollm2", target, quant="int4", model=imported, quantizer=rtn_2bit(rtn_quantizer))
     else:
-        extra = {key: spec[key] for key in ("zeros", "embedding_bits", "kernels") if key in spec}
+        extra = {key: spec[key] for key in ("zeros", "embedding_bits", "kernels", "group_size", "stat_bits")
+                 if key in spec}
         export_model("smollm2", target, quant=spec["quant"], bits=spec.get("bits"), model=imported, progress=True,
                      **extra)
     return target, time.perf_counter() - start
@@ -156,8 +158,14 @@ def main() -> None:
     print(table)
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
-    (results / "quant.md").write_text(f"`python benchmarks/quant.py --eval-tokens {args.eval_tokens}`; perplexity "
-                                      f"on {len(ids)} evaluation tokens, windows of 1,024.\n\n{table}\n")
+    command = f"python benchmarks/quant.py --eval-tokens {args.eval_tokens}"
+    text = f"perplexity on {len(ids)} evaluation tokens, windows of 1,024.\n\n{table}\n"
+    if args.only:  # a few rows: added to the full table's file, not replacing it
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        with open(results / "quant.md", "a") as f:
+            f.write(f"\n`{command} --only '{args.only}'` ({when}); {text}")
+    else:
+        (results / "quant.md").write_text(f"`{command}`; {text}")
 
 
 if __name__ == "__main__":

@@ -120,11 +120,12 @@ def build_options(quant: str, tree_attention: bool, zeros: str | None = None,
 def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: str = "int4",
                  tree_attention: bool = True, overwrite: bool = False, progress: bool = False,
                  model: ImportedModel | None = None, bits: int | None = None, group_size: int | None = None,
-                 zeros: str | None = None, embedding_bits: int | None = None, **build_overrides: Any) -> Path:
+                 zeros: str | None = None, embedding_bits: int | None = None, stat_bits: int | None = None,
+                 **build_overrides: Any) -> Path:
     """Export `source` (a GGUF file or a Hugging Face folder) into the package folder `out_dir`.
 
     bits/group_size apply to the calibrated methods (spqr: 3 or 4 bits, groups of 16; decoupleq: 2-4 bits, groups
-    of 64). zeros ("integer" | "float") picks the zero points (int4 default integer; see build_options),
+    of 64; stat_bits: the width of SpQR's quantized scales and zeros, default 3). zeros ("integer" | "float") picks the zero points (int4 default integer; see build_options),
     embedding_bits (4 or 8) the width of the gathered embedding / tied head. build_overrides replace BuildOptions
     fields (e.g. fuse_projections=False) for experiments and benchmarks.
     """
@@ -132,6 +133,8 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
         raise QuantizationError(f"unknown zero points {zeros!r}; choose one of {', '.join(ZERO_POINTS)}")
     if embedding_bits is not None and embedding_bits not in (4, 8):
         raise QuantizationError(f"embedding_bits must be 4 or 8, not {embedding_bits}")
+    if stat_bits is not None and quant != "spqr":
+        raise QuantizationError("--stat-bits applies to --quant spqr (the width of its quantized statistics)")
     if zeros is not None and quant == "fp32":
         raise QuantizationError("--zeros applies to quantized exports, not fp32")
     if model is None:
@@ -140,8 +143,9 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
         model = load_model(source)
     imported = model
     if quant in CALIBRATED:
+        overrides = {} if stat_bits is None else {"stat_bits": stat_bits}
         quantizer, quant_info = calibrated_quantizer(imported, quant, bits, group_size, progress, zeros,
-                                                     embedding_bits)
+                                                     embedding_bits, **overrides)
         options = BuildOptions(quantizer=quantizer, tree_attention=tree_attention)
     else:
         options, quant_info = build_options(quant, tree_attention, zeros, embedding_bits)

@@ -103,3 +103,26 @@ def test_searched_float_zero_grid_is_what_the_compact_statistics_give(layer):
     np.testing.assert_array_equal(q.scales, q.second_level.scales.dequantize())
     float_zeros = q.zeros.astype(np.float32) - q.offsets / q.scales  # what the group offsets encode
     np.testing.assert_allclose(float_zeros, q.second_level.zeros.dequantize(), atol=1e-4)
+
+
+def test_wide_statistics_hold_a_q4_1_grid(layer):
+    """8-bit statistics at groups of 32 (the block of a Q4_1 source) keep its grid almost exactly at 4.625 bits,
+    where 3-bit statistics cannot; the windowed search over 8-bit codes still lowers the error."""
+    _, h, _ = layer
+    rng = np.random.default_rng(7)
+    n, k = 64, h.shape[0]
+    scale = rng.uniform(0.01, 0.03, size=(n, k // 32, 1)).astype(np.float32)
+    low = -scale * rng.uniform(6, 9, size=(n, k // 32, 1)).astype(np.float32)  # zero points near the middle
+    codes = rng.integers(0, 16, size=(n, k // 32, 32))
+    codes[..., :2] = 0, 15  # a Q4_1 block's minimum and maximum are its own weights: both ends of the grid occur
+    w = (low + scale * codes).reshape(n, k).astype(np.float32)
+    errors = {}
+    for stat_bits, search in ((3, True), (8, False), (8, True)):
+        cfg = SpqrConfig(bits=4, group_size=32, stat_bits=stat_bits, float_zero=True, stat_search=search,
+                         outlier_threshold=1e9)
+        q = quantize_spqr(w, h, cfg)
+        errors[stat_bits, search] = weighted_error(w, q.dequantize(), h).sum()
+    q8 = quantize_spqr(w, h, SpqrConfig(bits=4, group_size=32, stat_bits=8, float_zero=True, stat_search=True))
+    assert storage_bits_per_weight(q8) <= 4.625 + 32 * (q8.outliers.nnz if q8.outliers else 0) / w.size + 1e-9
+    assert errors[8, True] < 0.01 * errors[3, True]
+    assert errors[8, True] <= errors[8, False]

@@ -34,6 +34,7 @@ class QuantSpec:
     rounds: int = 4  # decoupleq
     integer_zeros: bool = False  # decoupleq: True avoids the group-offset term at some accuracy cost
     float_zero: bool = False  # gptq/spqr: min..max grids with fractional zeros (-> group offsets)
+    stat_bits: int = 3  # spqr: width of the quantized first-level scales and zeros
     stat_search: bool = True  # spqr: pick the quantized (scale, zero) of each row by weighted error (see spqr.py)
     damp: float = 0.01
     num_sequences: int = 64  # x seq_len tokens of calibration text; 32 gave clearly worse SpQR-3 perplexity
@@ -62,7 +63,7 @@ def make_quantizer(spec: QuantSpec) -> LinearQuantizer:
         return lambda name, w, h: quantize_gptq(w, h, spec.bits, spec.group, spec.damp, float_zero=spec.float_zero)
     if spec.method == "spqr":
         cfg = SpqrConfig(bits=spec.bits, group_size=spec.group, outlier_threshold=spec.outlier_threshold, damp=spec.damp,
-                         float_zero=spec.float_zero, stat_search=spec.stat_search)
+                         float_zero=spec.float_zero, stat_bits=spec.stat_bits, stat_search=spec.stat_search)
         return lambda name, w, h: quantize_spqr(w, h, cfg)
     cfg = DecoupleQConfig(bits=spec.bits, group_size=spec.group, rounds=spec.rounds, damp=spec.damp,
                           integer_zeros=spec.integer_zeros)

@@ -12,8 +12,8 @@ Per group of `group_size` input columns (all rows at once, when GPTQ reaches the
 The threshold is `outlier_threshold` times the mean weighted squared error of the group under a plain min/max grid,
 and never less than that times a uniform grid's expected error (step^2 / 12): a group already on a grid (a GGUF
 source) has no error at all, and a threshold of zero would turn every weight into an outlier.
-With `stat_search`, step 2 ends with each row choosing, among all combinations of its quantized scale and zero codes,
-the one whose grid gives the group's current weights the least weighted error (the codes are stored anyway; only
+With `stat_search`, step 2 ends with each row choosing, among the combinations of its quantized scale and zero codes
+(all of them for 3-bit statistics, those near the rounded codes for wider ones), the one whose grid gives the group's current weights the least weighted error (the codes are stored anyway; only
 which ones are picked changes), so the quantized statistics are fitted to the weights, not to the float statistics.
 """
 
@@ -32,6 +32,7 @@ from edge.export.quant.second_level import QuantizedStat, SecondLevelStats, quan
 
 
 DEFAULT_THRESHOLD = {2: 16.0, 3: 16.0, 4: 48.0}
+SEARCH_RADIUS = 2  # codes either side of the rounded one that the statistics search tries for wide statistics
 
 
 @dataclass
@@ -44,8 +45,8 @@ class SpqrConfig:
     damp: float = 0.01
     lazy_block: int = 32
     float_zero: bool = False  # first-level grid spans min..max exactly; zeros stay fractional (-> group offsets)
-    stat_search: bool = False  # each row picks its (scale, zero) among the 2**stat_bits x 2**stat_bits quantized
-    # statistics by the group's weighted error, instead of rounding each statistic to its nearest code
+    stat_search: bool = False  # each row picks its (scale, zero) among its quantized statistics by the group's
+    # weighted error, instead of rounding each statistic to its nearest code
 
     def threshold(self) -> float:
         """Measured on SmolLM2-135M with integer zeros: 16 keeps ~0.8% outliers at 3 bits, 48 ~0.15% at 4 bits;
@@ -59,6 +60,8 @@ class SpqrConfig:
             raise QuantizationError(f"SpQR bits must be 2, 3 or 4, got {self.bits}")
         if self.group_size < 2:
             raise QuantizationError(f"SpQR group_size must be at least 2, got {self.group_size}")
+        if not 2 <= self.stat_bits <= 8:
+            raise QuantizationError(f"SpQR statistics take 2 to 8 bits, got {self.stat_bits}")
         if self.outlier_threshold is not None and self.outlier_threshold <= 0:
             raise QuantizationError("outlier_threshold must be positive (use a huge value to disable outliers)")
 
@@ -121,25 +124,37 @@ class SpqrFit:
 
     def _search(self, w: np.ndarray, d: np.ndarray, keep: np.ndarray, qs: QuantizedStat, qz: QuantizedStat) -> None:
         """Per row, the (scale code, zero code) pair with the least weighted error over the group's non-outliers;
-        writes the chosen codes into qs/qz (their 16-bit base/step stay). All scale codes at once per zero code."""
-        levels = 1 << self.cfg.stat_bits
+        writes the chosen codes into qs/qz (their 16-bit base/step stay). Up to 3-bit statistics every pair is
+        tried; wider ones (each code a small step) try the SEARCH_RADIUS codes around each rounded code."""
         n = w.shape[0]
-        scales = np.empty((n, levels))
-        for c in range(levels):
-            qs.codes[:, 0] = c
+        scale_codes = self._candidates(qs.codes[:, 0])  # (n, C)
+        zero_codes = self._candidates(qz.codes[:, 0])
+        scales = np.empty(scale_codes.shape)
+        for c in range(scale_codes.shape[1]):
+            qs.codes[:, 0] = scale_codes[:, c]
             scales[:, c] = self._effective_scale(qs, np.ones(n))[:, 0]
         best_err, best_s, best_z = np.full(n, np.inf), np.zeros(n, np.uint8), np.zeros(n, np.uint8)
-        wk, dk = w[:, None, :], d[None, None, :]
-        for cz in range(levels):
-            qz.codes[:, 0] = cz
+        wk, dk, rows = w[:, None, :], d[None, None, :], np.arange(n)
+        for j in range(zero_codes.shape[1]):
+            qz.codes[:, 0] = zero_codes[:, j]
             zero = self._effective_zero(qz)  # (n, 1)
-            err = (weighted_sq_error(wk, scales, np.broadcast_to(zero, (n, levels)), dk, self.cfg.bits)
-                   * keep[:, None, :]).sum(axis=-1)  # (n, levels)
+            err = (weighted_sq_error(wk, scales, np.broadcast_to(zero, scales.shape), dk, self.cfg.bits)
+                   * keep[:, None, :]).sum(axis=-1)  # (n, C)
             cs = err.argmin(axis=1)
-            err = err[np.arange(n), cs]
+            err = err[rows, cs]
             better = err < best_err
-            best_err[better], best_s[better], best_z[better] = err[better], cs[better], cz
+            best_err[better], best_s[better], best_z[better] = err[better], scale_codes[rows, cs][better], \
+                zero_codes[better, j]
         qs.codes[:, 0], qz.codes[:, 0] = best_s, best_z
+
+    def _candidates(self, rounded: np.ndarray) -> np.ndarray:
+        """(n, C) codes to try per row: all of them for narrow statistics, else a window around the rounded one
+        (clipped at the ends, where it repeats a code: harmless)."""
+        levels = 1 << self.cfg.stat_bits
+        if levels <= 8:
+            return np.broadcast_to(np.arange(levels, dtype=np.int64), (rounded.size, levels))
+        offsets = np.arange(-SEARCH_RADIUS, SEARCH_RADIUS + 1)
+        return np.clip(rounded.astype(np.int64)[:, None] + offsets, 0, levels - 1)
 
     def second_level(self) -> SecondLevelStats:
         c, a = self.cfg, self.stat_arrays
