@@ -28,7 +28,6 @@ VARIANTS = {
     "onnxruntime MatMulNBitsQuantizer": dict(peer=True),
     "rtn int2 (block 64)": dict(quant="rtn2"),
     "spqr 3-bit": dict(quant="spqr", bits=3),
-    "spqr 3-bit, int4 embedding": dict(quant="spqr", bits=3, embedding_bits=4),
     "spqr 4-bit": dict(quant="spqr", bits=4),
     "spqr 4-bit (group 32 and 8-bit stats)": dict(quant="spqr", bits=4, group_size=32, stat_bits=8),
     "decoupleq 2-bit": dict(quant="decoupleq", bits=2),
