@@ -9,7 +9,7 @@ import pytest
 from edge.export.pipeline import export_model
 from edge.model import MASKED, Decoder
 from edge.package import load_package
-from tiny_models import max_rel_error, reference_logits, tiny_llama
+from tiny_models import max_rel_error, reference_logits, tiny_gemma3, tiny_llama
 
 pytest.importorskip("transformers")
 
@@ -113,25 +113,8 @@ def test_graph_interface_and_external_data(tmp_path):
 
 def test_gemma3_logits_match_transformers(tmp_path):
     """Gemma 3: sliding-window layers (window 8 < sequence), q/k norms, GELU, embedding scale, two rope bases."""
-    import torch
-    import transformers
-
-    from edge.export.hf import load_hf
-    from tiny_models import word_level_tokenizer_json
-
-    torch.manual_seed(0)
-    config = transformers.Gemma3TextConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=7, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=32, max_position_embeddings=128, sliding_window=8,
-        query_pre_attn_scalar=32, rope_theta=1e6, tie_word_embeddings=True)
-    model = transformers.Gemma3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(0.3 * torch.randn_like(p))
-    model.save_pretrained(tmp_path / "hf")
-    (tmp_path / "hf" / "tokenizer.json").write_text(word_level_tokenizer_json())
-    decoder = make_decoder(tmp_path, load_hf(tmp_path / "hf"))
+    model, imported = tiny_gemma3(tmp_path)
+    decoder = make_decoder(tmp_path, imported)
     ids = [int(t) for t in np.random.default_rng(0).integers(0, 96, 30)]
     ref = reference_logits(model, ids)
     assert max_rel_error(decoder.step(ids[:20], logits_rows=list(range(20))), ref[:20]) < 1e-4

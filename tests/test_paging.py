@@ -15,7 +15,7 @@ from edge.model import MASKED, Decoder
 from edge.package import load_package
 from edge.paging import PagedDecoder, read_into
 from kernels_util import ensure_library
-from tiny_models import max_rel_error, reference_logits, tiny_llama
+from tiny_models import max_rel_error, reference_logits, tiny_gemma3, tiny_llama
 
 pytest.importorskip("transformers")
 
@@ -43,9 +43,8 @@ def run_steps(decoder, ids: list[int]) -> list[np.ndarray]:
 IDS = [int(t) for t in np.random.default_rng(3).integers(0, 96, 18)]
 
 
-@pytest.mark.parametrize("window, pinned", [(2, 0), (3, 0), (2, 2), (5, 0)])
-def test_paged_logits_equal_resident_logits(tiny, window, pinned):
-    model, resident, package = tiny
+def paged_and_resident_steps(package, resident, window: int, pinned: int) -> list[np.ndarray]:
+    """The paged decoder's logits over IDS, checked equal (2e-6) to the resident package's; returns them."""
     expected = run_steps(Decoder(resident, context_length=64, threads=1), IDS)
     decoder = paged(package, window=window, pinned=pinned)
     try:
@@ -53,7 +52,14 @@ def test_paged_logits_equal_resident_logits(tiny, window, pinned):
     finally:
         decoder.close()
     for a, b in zip(got, expected):
-        assert max_rel_error(a, b) < 2e-6  # the same weights; only the last norm's fusion differs
+        assert max_rel_error(a, b) < 2e-6
+    return got
+
+
+@pytest.mark.parametrize("window, pinned", [(2, 0), (3, 0), (2, 2), (5, 0)])
+def test_paged_logits_equal_resident_logits(tiny, window, pinned):
+    model, resident, package = tiny
+    got = paged_and_resident_steps(package, resident, window, pinned)  # the same weights; last norm's fusion differs
     assert max_rel_error(np.concatenate([got[0], *got[1:]]), reference_logits(model, IDS)) < 1e-4
 
 
@@ -242,14 +248,7 @@ def tiny_int4(tmp_path_factory):
 @pytest.mark.parametrize("window, pinned", [(2, 0), (3, 2)])
 def test_int4_paged_logits_equal_resident_logits(tiny_int4, window, pinned):
     resident, package = tiny_int4
-    expected = run_steps(Decoder(resident, context_length=64, threads=1), IDS)
-    decoder = paged(package, window=window, pinned=pinned)
-    try:
-        got = run_steps(decoder, IDS)
-    finally:
-        decoder.close()
-    for a, b in zip(got, expected):
-        assert max_rel_error(a, b) < 2e-6  # same packed weights, batch-invariant kernel; only the last norm differs
+    paged_and_resident_steps(package, resident, window, pinned)  # same packed weights, batch-invariant kernel
 
 
 def test_int4_embedding_rows_equal_gather_block_quantized(tiny_int4):
@@ -294,30 +293,6 @@ def test_memory_model_predicts_the_paged_peak(smollm2_paged):
         Plan(context=256, prefill_chunk=16, resident_layers=0, stream_window=2))
     assert estimate.load_peak > estimate.run_peak  # the sessions' transient is the peak here
     assert estimate.peak - estimate.tokenizer == pytest.approx(measured, rel=0.10)
-
-
-def tiny_gemma3(tmp_path):
-    """A tiny random Gemma 3 (transformers) with a 6-layer pattern: 5 sliding-window layers (window 8) and one
-    global, q/k norms, GELU, embedding scale and two rope bases; returns (torch model, imported model)."""
-    import torch
-    import transformers
-
-    from edge.export.hf import load_hf
-    from tiny_models import word_level_tokenizer_json
-
-    torch.manual_seed(0)
-    config = transformers.Gemma3TextConfig(
-        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=7, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=32, max_position_embeddings=128, sliding_window=8,
-        query_pre_attn_scalar=32, rope_theta=1e6, tie_word_embeddings=True)
-    model = transformers.Gemma3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(0.3 * torch.randn_like(p))
-    model.save_pretrained(tmp_path / "hf")
-    (tmp_path / "hf" / "tokenizer.json").write_text(word_level_tokenizer_json())
-    return model, load_hf(tmp_path / "hf")
 
 
 @pytest.mark.parametrize("quant", ["fp32", "int4"])

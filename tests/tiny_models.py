@@ -69,3 +69,26 @@ def max_rel_error(ours: np.ndarray, ref: np.ndarray) -> float:
     """Worst row's max |difference| over that row's max |reference|: scale-free and stable near zero logits."""
     ours, ref = np.atleast_2d(ours), np.atleast_2d(ref)
     return float(np.max(np.abs(ours - ref).max(axis=-1) / np.abs(ref).max(axis=-1)))
+
+
+def tiny_gemma3(tmp_path):
+    """A tiny random Gemma 3 (transformers) with a 6-layer pattern: 5 sliding-window layers (window 8) and one
+    global, q/k norms, GELU, embedding scale and two rope bases; returns (torch model, imported model)."""
+    import torch
+    import transformers
+
+    from edge.export.hf import load_hf
+
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=7, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, max_position_embeddings=128, sliding_window=8,
+        query_pre_attn_scalar=32, rope_theta=1e6, tie_word_embeddings=True)
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.3 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text(word_level_tokenizer_json())
+    return model, load_hf(tmp_path / "hf")
