@@ -33,6 +33,8 @@ VARIANTS = {
     "decoupleq 2-bit": dict(quant="decoupleq", bits=2),
     "decoupleq 3-bit": dict(quant="decoupleq", bits=3),
     "decoupleq 4-bit": dict(quant="decoupleq", bits=4),
+    # the peer's block size; integer zeros, since float offsets need K (576) to be a multiple of the block
+    "decoupleq 4-bit (group 128)": dict(quant="decoupleq", bits=4, group_size=128, zeros="integer"),
 }
 
 

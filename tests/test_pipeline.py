@@ -114,3 +114,7 @@ def test_zero_point_options_are_checked(tmp_path):
         pipeline.export_model("tiny", tmp_path / "b", quant="fp32", model=imported, zeros="float")
     with pytest.raises(QuantizationError, match="embedding_bits"):
         pipeline.export_model("tiny", tmp_path / "c", quant="int4", model=imported, embedding_bits=6)
+    with pytest.raises(QuantizationError, match="spqr"):
+        pipeline.export_model("tiny", tmp_path / "d", quant="int4", model=imported, stat_bits=8)
+    with pytest.raises(QuantizationError, match="2 to 8 bits"):
+        pipeline.export_model("tiny", tmp_path / "e", quant="spqr", model=imported, stat_bits=9)

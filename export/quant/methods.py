@@ -45,6 +45,8 @@ class QuantSpec:
             raise QuantizationError(f"unknown quantization method {self.method!r}; choose one of {sorted(ALLOWED_BITS)}")
         if self.bits not in ALLOWED_BITS[self.method]:
             raise QuantizationError(f"{self.method} supports bits {ALLOWED_BITS[self.method]}, not {self.bits}")
+        if self.method == "spqr" and not 2 <= self.stat_bits <= 8:
+            raise QuantizationError(f"SpQR statistics take 2 to 8 bits, got {self.stat_bits}")
 
     @property
     def group(self) -> int:
