@@ -66,7 +66,8 @@ def add_self_draft(args: argparse.Namespace, model, out) -> None:
     chosen = record["chosen"]
     print(f"self-draft: {chosen['family']} keeps {len(chosen['layers'])}/{model.config.num_layers} layers "
           f"{chosen['layers']}: agreement {chosen['agreement']:.2f}, cost {chosen['cost']:.2f} of a target step, "
-          f"predicted x{chosen['predicted_speedup']:.2f} at depth {chosen['depth']}")
+          f"predicted x{chosen['predicted_speedup']:.2f} at depth {chosen['depth']}"
+          + (" (slower than plain decoding here: edge-run keeps it off)" if chosen["predicted_speedup"] < 1 else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -211,6 +211,19 @@ def test_greedy_speculation_with_the_skip_draft_is_plain_greedy(with_draft, kind
     assert accepted > 0  # the draft was used and right at least sometimes
 
 
+def test_a_self_draft_measured_to_lose_is_never_drafted_with(with_draft):
+    """The adaptive policy leaves a drafter whose measured speed-up is below 1 off, probes included (each probe
+    would pay the draft's catch-up prefill); a fixed draft length still uses it."""
+    engine = Engine(with_draft, context_length=96, threads=1)
+    expected = engine.generate(PROMPTS[0], max_tokens=40)
+    for length, drafted in ((None, False), (3, True)):
+        draft = LayerSkipDraft(engine.package, 96, threads=1)
+        draft.predicted_speedup = 0.9
+        engine.speculator = Speculator([draft], draft_length=length, threads=1)
+        assert engine.generate(PROMPTS[0], max_tokens=40) == expected
+        assert (engine.stats.speculative.drafted > 0) == drafted
+
+
 def test_candidate_record_rounds():
     c = Candidate("prefix", (0, 1), 0.123456, 0.5, 2, 1.23456)
     assert c.record() == {"family": "prefix", "layers": [0, 1], "agreement": 0.1235, "cost": 0.5, "depth": 2,

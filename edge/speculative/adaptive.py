@@ -138,6 +138,7 @@ class AdaptiveDepth:
     trials: float = 3.0
     draft_seconds_per_level: float = 0.0
     prior_weight: float = 2.0  # pseudo-trials of a deeper level's prior (the rate of the level before it)
+    enabled: bool = True  # False: a drafter measured to lose at every depth; never drafts, never probes
     off_steps: int = field(default=0, init=False)
     level_successes: np.ndarray = field(init=False)
     level_trials: np.ndarray = field(init=False)
@@ -171,6 +172,8 @@ class AdaptiveDepth:
         return max(((d, self.speedup(d)) for d in range(1, self.max_depth + 1)), key=lambda x: x[1])
 
     def depth(self) -> int:
+        if not self.enabled:
+            return 0
         depth, gain = self.best()
         if gain >= self.min_gain:
             self.off_steps = 0

@@ -52,7 +52,9 @@ class Speculator:
                 self.policies[key] = FixedDepth(self.draft_length)
             else:
                 curve = CostCurve.cached(decoder, self.threads)
-                self.policies[key] = AdaptiveDepth(curve, drafter.size, self.max_depth)
+                measured = drafter.predicted_speedup
+                self.policies[key] = AdaptiveDepth(curve, drafter.size, self.max_depth,
+                                                   enabled=measured is None or measured >= 1)
         return self.policies[key]
 
     def _margin(self, decoder: Decoder) -> float:

@@ -73,6 +73,9 @@ class Drafter:
     # Model-free drafters propose in microseconds: the speculator asks them first and judges the actual draft
     # (its kind, whether there is one at all) before deciding how much of it to verify.
     cheap = False
+    # Speed-up over plain decoding measured before use at the best depth (a self-draft's, at export); None: unknown.
+    # Below 1 the adaptive policy never drafts with it: even a probe pays the draft's catch-up prefill.
+    predicted_speedup: float | None = None
 
     def propose(self, context: list[int], depth: int) -> Draft:
         """A draft of at most `depth` levels continuing `context` (the prompt, the output so far and the root)."""

@@ -6,6 +6,8 @@ It needs no second model and no second copy of the weights: draft_skip.onnx read
 
 from __future__ import annotations
 
+import warnings
+
 from edge.package import Package
 from edge.sampling import SamplingParams
 from edge.speculative.draft_model import DraftModel
@@ -19,6 +21,11 @@ class LayerSkipDraft(DraftModel):
         """Raises PackageError (with how to add one) when the target package has no self-draft."""
         super().__init__(target.skip_draft(), context_length, threads, params, min_confidence, seed)
         self.layers = list(target.self_draft["layers"])
+        self.predicted_speedup = target.self_draft.get("chosen", {}).get("predicted_speedup")
+        if self.predicted_speedup is not None and self.predicted_speedup < 1:
+            warnings.warn(f"{target.root}'s skip-layer self-draft was measured at export to be slower than plain "
+                          f"decoding (x{self.predicted_speedup:.2f} at its best depth): it stays off unless a "
+                          f"fixed draft length is asked for", stacklevel=2)
 
     def begin(self, context: list[int]) -> None:
         """Read the prompt lazily, at the first proposal: a skip draft costs most of a target step per token, so the
