@@ -29,12 +29,17 @@ def test_cheap_verification_and_good_acceptance_draft_deep():
     assert policy.depth() >= 6 and policy.best()[1] > 2
 
 
-def test_expensive_verification_and_poor_acceptance_switch_off_then_probe():
+def test_expensive_verification_and_poor_acceptance_switch_off_then_probe_less_and_less():
     policy = AdaptiveDepth(STEEP, chain, max_depth=8, probe_every=4)
     for _ in range(20):
         policy.update(4, 0, 0.0)  # nothing accepted
     assert policy.acceptance < 0.1
-    assert [policy.depth() for _ in range(8)] == [0, 0, 0, policy.best()[0], 0, 0, 0, policy.best()[0]]
+    probe = policy.best()[0]
+    # probes that keep losing back off: after 4 steps, then 8, then 16
+    assert [policy.depth() for _ in range(28)] == ([0] * 3 + [probe]) + ([0] * 7 + [probe]) + ([0] * 15 + [probe])
+    for _ in range(30):
+        policy.update(4, 4, 0.0)  # the text changed: drafts land again
+    assert policy.depth() > 0 and policy.probe_interval == 0  # drafting again; a later loss probes every 4 again
 
 
 def test_acceptance_estimate_follows_recent_outcomes():

@@ -139,7 +139,9 @@ class AdaptiveDepth:
     draft_seconds_per_level: float = 0.0
     prior_weight: float = 2.0  # pseudo-trials of a deeper level's prior (the rate of the level before it)
     enabled: bool = True  # False: a drafter measured to lose at every depth; never drafts, never probes
+    max_probe_every: int = 256  # probes that keep losing come at doubling intervals, up to this many steps
     off_steps: int = field(default=0, init=False)
+    probe_interval: int = field(default=0, init=False)  # steps between probes now (0: probe_every)
     level_successes: np.ndarray = field(init=False)
     level_trials: np.ndarray = field(init=False)
 
@@ -176,11 +178,13 @@ class AdaptiveDepth:
             return 0
         depth, gain = self.best()
         if gain >= self.min_gain:
-            self.off_steps = 0
+            self.off_steps, self.probe_interval = 0, 0
             return depth
         self.off_steps += 1
-        if self.off_steps >= self.probe_every:  # losing for now; look again, the text may have changed
-            self.off_steps = 0
+        interval = self.probe_interval or self.probe_every
+        if self.off_steps >= interval:  # losing for now; look again, the text may have changed
+            # each probe costs a verify step and, for a draft model, its catch-up prefill: back off while they lose
+            self.off_steps, self.probe_interval = 0, min(2 * interval, self.max_probe_every)
             return depth
         return 0
 
