@@ -17,7 +17,8 @@ default int4 package, the fp32 package, and the fp32 package with the int4 packa
 Generation memory is everything but weights: peak RSS while generating less RSS once the engine is loaded (weights,
 runtime, tokenizer). Decode speed is the median of TIMING_RUNS repeats of the same generation in the same worker,
 after the memory measurement, whose RSS sampler thread would otherwise compete for the 2 cores (it moved decode
-speed by up to 30% between runs of one setup). Every run is a fresh subprocess; setups are interleaved run by run, and the table has medians.
+speed by up to 30% between runs of one setup). Every run is a fresh subprocess; setups are interleaved run by run,
+and the table has medians.
 A reference row measures onnxruntime-genai itself (int4) with max_length at the model's context and at the workload.
 The predicted columns are the memory model's generation bytes (all buffers written).
 """

@@ -125,9 +125,10 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
     """Export `source` (a GGUF file or a Hugging Face folder) into the package folder `out_dir`.
 
     bits/group_size apply to the calibrated methods (spqr: 3 or 4 bits, groups of 16; decoupleq: 2-4 bits, groups
-    of 64; stat_bits: the width of SpQR's quantized scales and zeros, default 3). zeros ("integer" | "float") picks the zero points (int4 default integer; see build_options),
-    embedding_bits (4 or 8) the width of the gathered embedding / tied head. build_overrides replace BuildOptions
-    fields (e.g. fuse_projections=False) for experiments and benchmarks.
+    of 64; stat_bits: the width of SpQR's quantized scales and zeros, default 3). zeros ("integer" | "float")
+    picks the zero points (int4 default integer; see build_options), embedding_bits (4 or 8) the width of the
+    gathered embedding / tied head. build_overrides replace BuildOptions fields (e.g. fuse_projections=False) for
+    experiments and benchmarks.
     """
     if zeros is not None and zeros not in ZERO_POINTS:
         raise QuantizationError(f"unknown zero points {zeros!r}; choose one of {', '.join(ZERO_POINTS)}")

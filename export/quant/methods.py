@@ -45,8 +45,8 @@ class QuantSpec:
             raise QuantizationError(f"unknown quantization method {self.method!r}; choose one of {sorted(ALLOWED_BITS)}")
         if self.bits not in ALLOWED_BITS[self.method]:
             raise QuantizationError(f"{self.method} supports bits {ALLOWED_BITS[self.method]}, not {self.bits}")
-        if self.method == "spqr" and not 2 <= self.stat_bits <= 8:
-            raise QuantizationError(f"SpQR statistics take 2 to 8 bits, got {self.stat_bits}")
+        if self.method == "spqr":  # before calibration, not at the first layer
+            SpqrConfig(bits=self.bits, stat_bits=self.stat_bits).check()
 
     @property
     def group(self) -> int:
@@ -64,8 +64,9 @@ def make_quantizer(spec: QuantSpec) -> LinearQuantizer:
     if spec.method == "gptq":
         return lambda name, w, h: quantize_gptq(w, h, spec.bits, spec.group, spec.damp, float_zero=spec.float_zero)
     if spec.method == "spqr":
-        cfg = SpqrConfig(bits=spec.bits, group_size=spec.group, outlier_threshold=spec.outlier_threshold, damp=spec.damp,
-                         float_zero=spec.float_zero, stat_bits=spec.stat_bits, stat_search=spec.stat_search)
+        cfg = SpqrConfig(bits=spec.bits, group_size=spec.group, outlier_threshold=spec.outlier_threshold,
+                         damp=spec.damp, float_zero=spec.float_zero, stat_bits=spec.stat_bits,
+                         stat_search=spec.stat_search)
         return lambda name, w, h: quantize_spqr(w, h, cfg)
     cfg = DecoupleQConfig(bits=spec.bits, group_size=spec.group, rounds=spec.rounds, damp=spec.damp,
                           integer_zeros=spec.integer_zeros)

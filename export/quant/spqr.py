@@ -13,7 +13,8 @@ The threshold is `outlier_threshold` times the mean weighted squared error of th
 and never less than that times a uniform grid's expected error (step^2 / 12): a group already on a grid (a GGUF
 source) has no error at all, and a threshold of zero would turn every weight into an outlier.
 With `stat_search`, step 2 ends with each row choosing, among the combinations of its quantized scale and zero codes
-(all of them for 3-bit statistics, those near the rounded codes for wider ones), the one whose grid gives the group's current weights the least weighted error (the codes are stored anyway; only
+(all of them for 3-bit statistics, those near the rounded codes for wider ones), the one whose grid gives the
+group's current weights the least weighted error (the codes are stored anyway; only
 which ones are picked changes), so the quantized statistics are fitted to the weights, not to the float statistics.
 """
 
