@@ -49,12 +49,12 @@ def logits_index(n: int, rows, max_rows: int) -> np.ndarray:
 
 class Decoder:
     def __init__(self, package: Package, context_length: int | None = None, device: str = "cpu",
-                 threads: int | None = None, max_rows: int = 64):
+                 threads: int | None = None, max_rows: int = 64, spin: bool | None = None):
         self.package = package
         self.config = package.config
         self.device = device
         self.context_length = min(context_length or self.config.max_context, self.config.max_context)
-        self.session = create_session(package.graph_path, device, threads, package.custom_ops)
+        self.session = create_session(package.graph_path, device, threads, package.custom_ops, spin)
         self.cache = KVCache(self.config, self.context_length, device)
         self.tree_attention = package.tree_attention
         self.max_rows = max_rows

@@ -31,8 +31,10 @@ def spin_setting() -> str:
 
 
 def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
-                   custom_ops: list[str] | None = None) -> ort.InferenceSession:
-    """custom_ops: the custom-op domains the graph uses (the manifest's graph.custom_ops); "edge" is ours."""
+                   custom_ops: list[str] | None = None, spin: bool | None = None) -> ort.InferenceSession:
+    """custom_ops: the custom-op domains the graph uses (the manifest's graph.custom_ops); "edge" is ours.
+    spin: whether idle worker threads spin; None: spin_setting(). A session that runs beside another on the same
+    cores (a draft model's) passes False: its spinning threads take the cores the other session's run needs."""
     if device not in PROVIDERS:
         raise DeviceError(f"unknown device {device!r}; choose one of {', '.join(PROVIDERS)}")
     provider = PROVIDERS[device]
@@ -45,7 +47,8 @@ def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", spin_setting())
+    options.add_session_config_entry("session.intra_op.allow_spinning",
+                                     spin_setting() if spin is None else str(int(spin)))
     if device != "cpu":
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     for domain in custom_ops or []:

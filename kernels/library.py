@@ -63,12 +63,12 @@ def register(session_options: Any, cuda: bool = False) -> Path:
     return path
 
 
-def kernel_isa(bits: int = 4) -> str | None:
-    """The CPU kernel edge.QMatMul uses in this process for `bits` ("avx512vnni", "avx512", "avx2", "portable"),
-    or None without a library. Honours EDGE_KERNELS_ISA like the op itself."""
+def kernel_isa(bits: int = 4, accuracy_level: int = 0) -> str | None:
+    """The CPU kernel edge.QMatMul uses in this process for `bits` and accuracy_level ("avx512vnni", "avx512",
+    "avxvnni", "avx2-int8", "avx2", "portable"), or None without a library. Honours EDGE_KERNELS_ISA like the op."""
     path = library_path()
     if path is None:
         return None
     fn = ctypes.CDLL(str(path)).EdgeKernelsIsa
-    fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int]
-    return fn(bits).decode()
+    fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int, ctypes.c_int]
+    return fn(bits, accuracy_level).decode()

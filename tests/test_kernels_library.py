@@ -44,7 +44,9 @@ def test_library_path_points_at_built_library() -> None:
 
 def test_kernel_isa_reports_a_known_path() -> None:
     ensure_library()
-    assert ek.kernel_isa(4) in {"avx512vnni", "avx512", "avx2", "portable"}
+    assert ek.kernel_isa(4) in {"avx512vnni", "avx512", "avxvnni", "avx2", "portable"}
+    # int8 activations get an integer kernel on any x86-64 CPU with AVX2
+    assert ek.kernel_isa(4, accuracy_level=4) in {"avx512vnni", "avxvnni", "avx2-int8", "portable"}
     assert ek.kernel_isa(3) in {"avx512", "avx2", "portable"}  # no integer kernel for 3-bit
 
 

@@ -8,7 +8,7 @@ import pytest
 from edge.export.pipeline import export_model
 from edge.model import Decoder
 from edge.package import load_package
-from edge.speculative import AdaptiveDepth, CostCurve
+from edge.speculative import AdaptiveDepth, CostCurve, Pace
 from tiny_models import tiny_llama
 
 FLAT = CostCurve((1, 2, 4, 8, 16), (1.0, 1.02, 1.10, 1.31, 1.78))  # float32 weights on this CPU
@@ -34,7 +34,7 @@ def test_expensive_verification_and_poor_acceptance_switch_off_then_probe_less_a
     for _ in range(20):
         policy.update(4, 0, 0.0)  # nothing accepted
     assert policy.acceptance < 0.1
-    probe = policy.best()[0]
+    probe = 1  # a probe drafts one level: the cheapest verify that says whether first tokens pass again
     # probes that keep losing back off: after 4 steps, then 8, then 16
     assert [policy.depth() for _ in range(28)] == ([0] * 3 + [probe]) + ([0] * 7 + [probe]) + ([0] * 15 + [probe])
     for _ in range(30):
@@ -94,3 +94,73 @@ def test_measuring_leaves_the_cache_as_it_was_and_is_cached(tmp_path, monkeypatc
     files = list((tmp_path / "cache" / "speculative").glob("cost-*-t1-r16.json"))  # keyed by package, threads and rows
     assert len(files) == 1
     assert CostCurve.cached(decoder, threads=1) == curve  # read back, not measured again
+
+
+def test_pace_starts_at_the_first_observation_then_follows():
+    pace = Pace()
+    assert pace.ratio == 1.0
+    pace.observe(3.0, 1.5)
+    assert pace.ratio == pytest.approx(2.0)
+    for _ in range(40):
+        pace.observe(1.0, 1.0)
+    assert pace.ratio == pytest.approx(1.0, abs=0.01)
+
+
+def test_verify_steps_slower_than_predicted_switch_drafting_off():
+    """The draft-model failure: acceptance that pays on the curve, verify calls that in fact run twice as slow
+    (another session's threads on the same cores) while plain steps run as measured."""
+    on_paper = AdaptiveDepth(FLAT, chain, successes=6, trials=10)
+    assert on_paper.depth() > 0
+    slowed = AdaptiveDepth(FLAT, chain, successes=6, trials=10)
+    for _ in range(5):
+        slowed.plain.observe(FLAT(1), FLAT(1))
+        slowed.update(2, 1, 0.0, verify_seconds=2 * FLAT(3), rows=3)  # 1 of 2 levels accepted, at twice the cost
+        on_paper.update(2, 1, 0.0)
+    assert on_paper.best()[1] >= on_paper.min_gain and on_paper.depth() > 0
+    assert slowed.verify.ratio == pytest.approx(2.0) and slowed.best()[1] < 1 and slowed.depth() == 0
+
+
+def test_a_machine_slow_for_everyone_does_not_switch_drafting_off():
+    policy = AdaptiveDepth(FLAT, chain, successes=6, trials=10)
+    for _ in range(5):
+        policy.plain.observe(2 * FLAT(1), FLAT(1))  # plain steps are as slow as the verify calls
+        policy.update(2, 1, 0.0, verify_seconds=2 * FLAT(3), rows=3)
+    assert policy.best()[1] >= policy.min_gain and policy.depth() > 0
+
+
+def test_once_off_only_a_probe_switches_drafting_back_on():
+    policy = AdaptiveDepth(FLAT, chain, successes=6, trials=10, probe_every=8, draft_seconds_per_level=0.6)
+    assert policy.depth() == 0 and policy.off and not policy.drafting()
+    policy.plain.observe(3 * FLAT(1), FLAT(1))  # noise makes drafting look good, but nothing new was learned
+    assert policy.best()[1] >= policy.min_gain
+    assert [policy.depth() for _ in range(7)] == [0] * 6 + [1]  # the probe, one level at the 8th step
+    policy.update(policy.best()[0], 1, 0.0)
+    assert policy.depth() > 0 and policy.drafting()
+
+
+def test_catch_up_counts_while_drafting_but_a_probe_only_spaces_the_next_probe():
+    """A draft model reads the tokens prompt lookup supplied before each draft: a cost of keeping it on. A probe
+    reads everything since drafting stopped: a one-off, which sets how long until the next probe instead."""
+    free = AdaptiveDepth(FLAT, chain, successes=6, trials=10)
+    behind = AdaptiveDepth(FLAT, chain, successes=6, trials=10)
+    for _ in range(10):
+        free.update(2, 1, 0.02, catch_up_seconds=0.0)
+        behind.update(2, 1, 1.02, catch_up_seconds=1.0)
+    assert free.draft_seconds_per_level == pytest.approx(behind.draft_seconds_per_level) == pytest.approx(0.01)
+    assert free.depth() > 0 and behind.catch_up_seconds_per_step > 0.8 and behind.depth() == 0
+
+    policy = AdaptiveDepth(STEEP, chain, probe_every=4)
+    for _ in range(20):
+        policy.update(4, 0, 0.0)
+    assert [policy.depth() for _ in range(4)][-1] > 0 and policy.probing
+    policy.update(1, 0, 2.02, catch_up_seconds=2.0)  # the probe lost and read 2 s of missed tokens
+    assert policy.catch_up_seconds_per_step == 0.0 and policy.draft_seconds_per_level == pytest.approx(0.02)
+    assert policy.probe_interval == 100  # 2 s is 2% of 100 plain steps (1 s each)
+    assert policy.depth() == 0 and not policy.probing
+
+
+def test_a_new_policy_assumes_its_verify_calls_run_at_the_plain_pace():
+    """Plain steps seen faster than the (cached) curve must not make an untried drafter look like a loss."""
+    policy = AdaptiveDepth(FLAT, chain, successes=6, trials=10)
+    policy.plain.observe(0.8 * FLAT(1), FLAT(1))
+    assert policy.verify_pace() == pytest.approx(0.8) and policy.depth() > 0

@@ -165,3 +165,40 @@ def test_edge_run_draft_prints_speculation_stats(packages, capsys):
     assert "[speculative (prompt-lookup+recycling): drafted" in err and "tokens per target call" in err
     assert run_cli.main([str(fp32), "t1", "--raw", "--context", "64", "--draft", "nonsense"]) == 2
     assert "unknown drafter" in capsys.readouterr().err
+
+
+def test_a_draft_model_session_never_spins_and_times_its_catch_up(packages):
+    """A spinning draft session takes the cores the target's verify needs right after a draft (measured: 2x slower
+    verify). Its catch-up, the tokens it did not follow, is timed apart from the drafting itself."""
+    _, int4 = packages
+    draft = DraftModel(load_package(int4), 96, threads=1)
+    assert draft.decoder.session.get_session_options().get_session_config_entry(
+        "session.intra_op.allow_spinning") == "0"
+    context = PROMPTS[1] + PROMPTS[0]
+    chain = draft.propose(context, 3)
+    assert draft.catch_up_seconds > 0  # read all of the context first
+    following = context + chain.tokens[:2] + [7]  # two of three accepted, then the target's own next token
+    draft.propose(following, 3)
+    assert draft.catch_up_seconds == 0.0 and draft.tokens[:len(following)] == following
+
+
+class CountingDraft(DraftModel):
+    def begin(self, context):
+        self.begun = getattr(self, "begun", 0) + 1
+        super().begin(context)
+
+
+def test_a_switched_off_draft_model_does_not_read_the_prompt(packages):
+    """Its begin() is a prefill of the whole prompt: pure loss while the policy keeps it off (a probe catches up)."""
+    fp32, int4 = packages
+    engine = Engine(fp32, context_length=96, threads=1)
+    draft = CountingDraft(load_package(int4), 96, threads=1)
+    engine.speculator = Speculator([draft])
+    engine.generate(PROMPTS[0], max_tokens=4)
+    assert draft.begun == 1  # a new drafter earns its drafts: read eagerly
+    policy = engine.speculator.policies["draft-model"]
+    policy.draft_seconds_per_level = 1e3  # drafting now costs far more than it can gain
+    assert policy.depth() == 0 and not policy.drafting()
+    engine.reset()
+    engine.generate(PROMPTS[1], max_tokens=4)
+    assert draft.begun == 1 and engine.stats.speculative.drafted == 0

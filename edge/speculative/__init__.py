@@ -7,7 +7,7 @@
 combinations ("skip": the package's skip-layer self-draft, edge.speculative.layer_skip).
 """
 
-from edge.speculative.adaptive import AdaptiveDepth, CostCurve, FixedDepth
+from edge.speculative.adaptive import AdaptiveDepth, CostCurve, FixedDepth, Pace
 from edge.speculative.decode import Speculator
 from edge.speculative.draft_model import DraftModel, check_compatible
 from edge.speculative.drafter import Draft, Drafter
@@ -18,4 +18,5 @@ from edge.speculative.stats import SpeculativeStats
 from edge.speculative.token_recycling import TokenRecycling
 
 __all__ = ["AdaptiveDepth", "CostCurve", "Draft", "DraftModel", "Drafter", "FixedDepth", "LayerSkipDraft",
-           "PromptLookup", "SpeculativeStats", "Speculator", "TokenRecycling", "check_compatible", "make_speculator"]
+           "Pace", "PromptLookup", "SpeculativeStats", "Speculator", "TokenRecycling", "check_compatible",
+           "make_speculator"]

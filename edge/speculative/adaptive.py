@@ -6,6 +6,11 @@ package and thread count and cached. With a_i the rate at which level i is accep
 a draft of depth d yields 1 + a_1 + a_1 a_2 + ... + a_1...a_d tokens per call; the controller picks the d with most
 tokens per second, and turns drafting off when even the best d is slower than plain decoding, probing again every
 `probe_every` plain steps.
+
+The curve is measured alone; real calls run beside other work. Each policy therefore scales the curve by the pace
+its verify calls are observed to run at, and compares with the pace of plain 1-token steps observed in the same
+generation (Pace): whatever slows the steps that follow a draft (another session's threads on the same cores, the
+loop's own work) lowers the predicted gain, while a machine that is slow for everyone does not.
 """
 
 from __future__ import annotations
@@ -91,6 +96,12 @@ class CostCurve:
     def cached(cls, decoder: Decoder, threads: int | None) -> CostCurve:
         """The curve for this package and thread count, measured on first use and kept in the edge cache."""
         key = sha256_file(decoder.package.root / "manifest.json")[:16]
+        if decoder.package.custom_ops:  # the same graph costs what the kernel library built here makes it cost
+            from edge.kernels import library_path
+
+            library = library_path()
+            if library is not None:
+                key += "-" + sha256_file(library)[:8]
         rows = max(s for s in SIZES if s <= decoder.max_rows) if decoder.max_rows > 1 else 1
         path = cache_dir() / "speculative" / f"cost-v2-{key}-t{threads or 0}-r{rows}.json"
         if path.exists():
@@ -104,6 +115,21 @@ class CostCurve:
         return curve
 
 
+@dataclass
+class Pace:
+    """How much slower than the cost curve some kind of call really runs: a running ratio of observed to predicted
+    seconds (1 until observed; the first observation is taken as is, later ones weigh `weight`)."""
+
+    ratio: float = 1.0
+    weight: float = 0.2
+    observed: int = 0
+
+    def observe(self, seconds: float, predicted: float) -> None:
+        ratio = seconds / predicted
+        self.ratio = ratio if not self.observed else (1 - self.weight) * self.ratio + self.weight * ratio
+        self.observed += 1
+
+
 class FixedDepth:
     """Always the same draft depth: for tests and for measuring a drafter on its own."""
 
@@ -113,7 +139,8 @@ class FixedDepth:
     def depth(self) -> int:
         return self.fixed
 
-    def update(self, depth: int, accepted: int, draft_seconds: float) -> None:
+    def update(self, depth: int, accepted: int, draft_seconds: float, verify_seconds: float | None = None,
+               rows: int = 1, catch_up_seconds: float = 0.0) -> None:
         pass
 
 
@@ -126,6 +153,14 @@ class AdaptiveDepth:
     one rate the policy saw ~0.5 everywhere and never drafted past 1-2 tokens on int4, whose verify cost rises
     steeply. Each level's prior is the rate of the level before it, so good first levels earn deeper drafts until
     deeper levels show otherwise.
+
+    Costs are observed, not assumed. The verify call is the curve's cost scaled by the pace this drafter's verify
+    calls are seen to run at, against the pace of plain 1-token steps (`plain`, shared by the speculator's
+    policies). A draft model also costs its levels and its catch-up: the tokens it must read before drafting, those
+    the target produced while another drafter (prompt lookup) supplied the draft. Measured (fp32 target, int4
+    draft, 2 cores): with the draft session spinning, a 1-token verify right after a draft took 48 ms instead of
+    23 ms, and each return from off cost the draft a catch-up of 110-170 ms. The curve shows neither; a policy that
+    saw only the curve predicted a gain on open chat where the run measured x0.84.
     """
 
     curve: CostCurve
@@ -137,9 +172,15 @@ class AdaptiveDepth:
     successes: float = 1.0  # prior for the first level: 1 of 3 accepted, so a new drafter earns its drafts
     trials: float = 3.0
     draft_seconds_per_level: float = 0.0
+    catch_up_seconds_per_step: float = 0.0  # reading missed tokens before a draft, while drafting is on
     prior_weight: float = 2.0  # pseudo-trials of a deeper level's prior (the rate of the level before it)
     enabled: bool = True  # False: a drafter measured to lose at every depth; never drafts, never probes
     max_probe_every: int = 256  # probes that keep losing come at doubling intervals, up to this many steps
+    probe_budget: float = 0.02  # a losing probe's catch-up may cost this share of the plain steps until the next
+    plain: Pace = field(default_factory=Pace)  # plain 1-token steps against curve(1)
+    verify: Pace = field(default_factory=Pace)  # this drafter's verify calls against the curve at their size
+    off: bool = field(default=False, init=False)  # switched off for losing; waiting for the next probe
+    probing: bool = field(default=False, init=False)  # the last depth() was a probe
     off_steps: int = field(default=0, init=False)
     probe_interval: int = field(default=0, init=False)  # steps between probes now (0: probe_every)
     level_successes: np.ndarray = field(init=False)
@@ -164,37 +205,76 @@ class AdaptiveDepth:
         """The first level's rate: how often a draft's first token is right."""
         return float(self.rates()[0])
 
+    def plain_seconds(self) -> float:
+        """What a plain 1-token step costs now."""
+        return self.curve(1) * self.plain.ratio
+
+    def verify_pace(self) -> float:
+        """The pace of this drafter's verify calls; until one is seen, the plain steps' (nothing known is added)."""
+        return self.verify.ratio if self.verify.observed else self.plain.ratio
+
     def speedup(self, depth: int) -> float:
         """Expected tokens per second at `depth` relative to plain decoding."""
         tokens = 1.0 + float(np.cumprod(self.rates()[:depth]).sum())
-        seconds = self.curve(1 + self.size(depth)) + depth * self.draft_seconds_per_level
-        return tokens * self.curve(1) / seconds
+        seconds = (self.curve(1 + self.size(depth)) * self.verify_pace() + depth * self.draft_seconds_per_level
+                   + self.catch_up_seconds_per_step)
+        return tokens * self.plain_seconds() / seconds
 
     def best(self) -> tuple[int, float]:
         return max(((d, self.speedup(d)) for d in range(1, self.max_depth + 1)), key=lambda x: x[1])
 
+    def drafting(self) -> bool:
+        """Whether the policy drafts now (rather than waiting for its next probe)."""
+        return self.enabled and not self.off and self.best()[1] >= self.min_gain
+
     def depth(self) -> int:
+        """Draft depth for the next step; 0: none.
+
+        Once off, only a probe can switch drafting back on. While off nothing is learned about acceptance or draft
+        cost, so a rising estimate is only the plain pace's noise, and every return costs a draft model its
+        catch-up over the tokens it missed (measured: 110-170 ms, 5-7 plain steps, for the int4 draft of fp32).
+        """
+        self.probing = False
         if not self.enabled:
             return 0
         depth, gain = self.best()
-        if gain >= self.min_gain:
-            self.off_steps, self.probe_interval = 0, 0
+        if not self.off and gain >= self.min_gain:
+            self.probe_interval = 0
             return depth
+        if not self.off:
+            self.off, self.off_steps = True, 0
         self.off_steps += 1
         interval = self.probe_interval or self.probe_every
         if self.off_steps >= interval:  # losing for now; look again, the text may have changed
             # each probe costs a verify step and, for a draft model, its catch-up prefill: back off while they lose
-            self.off_steps, self.probe_interval = 0, min(2 * interval, self.max_probe_every)
-            return depth
+            # One level: it tells whether first tokens are accepted again, at the cheapest verify. Measured: at the
+            # best depth a token-recycling probe verified a 24-node tree (5-6 plain steps on int4) twice per 64 tokens.
+            self.off, self.probing, self.probe_interval = False, True, min(2 * interval, self.max_probe_every)
+            return 1  # the next call decides, with the probe's outcome, whether drafting stays on
         return 0
 
-    def update(self, depth: int, accepted: int, draft_seconds: float) -> None:
-        """One verify call's outcome: `accepted` of `depth` levels (each level tried until the first miss)."""
+    def update(self, depth: int, accepted: int, draft_seconds: float, verify_seconds: float | None = None,
+               rows: int = 1, catch_up_seconds: float = 0.0) -> None:
+        """One verify call's outcome: `accepted` of `depth` levels (each level tried until the first miss), the
+        seconds spent drafting them (`catch_up_seconds` of it reading missed tokens first), and the verify call's
+        seconds over `rows` tokens (None: not timed).
+
+        A probe's catch-up covers the whole time drafting was off: a one-off, not a cost of drafting on. It sets
+        how long until the next probe instead, should this one lose.
+        """
+        if verify_seconds is not None:
+            self.verify.observe(verify_seconds, self.curve(rows))
         self.level_successes *= self.decay
         self.level_trials *= self.decay
         tried = min(accepted + 1, depth, self.max_depth)
         self.level_trials[:tried] += 1
         self.level_successes[:min(accepted, self.max_depth)] += 1
-        per_level = draft_seconds / max(depth, 1)
+        if self.probing:
+            affordable = catch_up_seconds / (self.probe_budget * self.plain_seconds())
+            self.probe_interval = min(max(self.probe_interval, int(affordable)), self.max_probe_every)
+        else:
+            self.catch_up_seconds_per_step = 0.8 * self.catch_up_seconds_per_step + 0.2 * catch_up_seconds
+        self.probing = False
+        per_level = (draft_seconds - catch_up_seconds) / max(depth, 1)
         self.draft_seconds_per_level = per_level if not self.draft_seconds_per_level else \
             0.8 * self.draft_seconds_per_level + 0.2 * per_level

@@ -14,7 +14,7 @@ import numpy as np
 
 from edge.model import Decoder
 from edge.sampling import Sampler, SamplingParams
-from edge.speculative.adaptive import AdaptiveDepth, CostCurve, FixedDepth
+from edge.speculative.adaptive import AdaptiveDepth, CostCurve, FixedDepth, Pace
 from edge.speculative.drafter import Draft, Drafter
 from edge.speculative.stats import SpeculativeStats
 from edge.speculative.verify import accept_greedy, accept_sampled, tree_inputs
@@ -37,6 +37,8 @@ class Speculator:
         # None: from the package's measured multi-token vs 1-token logit deviation (see CostCurve.margin).
         self.margin = margin
         self.policies: dict[str, AdaptiveDepth | FixedDepth] = {}
+        self.plain = Pace()  # plain 1-token steps against the cost curve, shared by the adaptive policies
+        self.curve: CostCurve | None = None
         self.stats = SpeculativeStats()
 
     @property
@@ -51,16 +53,27 @@ class Speculator:
             if self.draft_length is not None:
                 self.policies[key] = FixedDepth(self.draft_length)
             else:
-                curve = CostCurve.cached(decoder, self.threads)
                 measured = drafter.predicted_speedup
-                self.policies[key] = AdaptiveDepth(curve, drafter.size, self.max_depth,
-                                                   enabled=measured is None or measured >= 1)
+                self.policies[key] = AdaptiveDepth(self._curve(decoder), drafter.size, self.max_depth,
+                                                   enabled=measured is None or measured >= 1, plain=self.plain)
         return self.policies[key]
+
+    def _curve(self, decoder: Decoder) -> CostCurve:
+        if self.curve is None:
+            self.curve = CostCurve.cached(decoder, self.threads)
+        return self.curve
+
+    def _switched_off(self, drafter: Drafter) -> bool:
+        """Whether the adaptive policy has this drafter off for now. Its begin() (a draft model's prefill of the
+        whole prompt) is then skipped: a probe catches up if one comes. Measured: the int4 draft's prompt prefill
+        cost ~110 ms of a ~1.5 s open-chat generation in which the policy never drafted."""
+        policy = self.policies.get(drafter.name)
+        return isinstance(policy, AdaptiveDepth) and not policy.drafting()
 
     def _margin(self, decoder: Decoder) -> float:
         """Top-2 logit gap under which a multi-token row is not trusted to pick plain decoding's token."""
         if self.margin is None:
-            self.margin = CostCurve.cached(decoder, self.threads).margin
+            self.margin = self._curve(decoder).margin
         return self.margin
 
     def reset(self) -> None:
@@ -102,7 +115,8 @@ class Speculator:
         start = time.perf_counter()
         for d in self.drafters:
             d.prepare(params)
-            d.begin(history)
+            if not self._switched_off(d):
+                d.begin(history)
         stats.draft_seconds += time.perf_counter() - start
         margin = self._margin(decoder) if params.greedy else 0.0
         base, yielded = len(history), 0
@@ -130,10 +144,14 @@ class Speculator:
                     d.observe([tokens[i] for i in path], rows[path])
                 decoder.cache.keep(past, path)
                 history.extend(tokens[i] for i in path)
-                stats.verify_seconds += time.perf_counter() - start
+                verify_seconds = time.perf_counter() - start
+                stats.verify_seconds += verify_seconds
                 stats.record(drafter.name if drafter else "", len(draft), len(verdict.accepted))
                 if policy is not None:
-                    policy.update(max(draft.depths()), len(verdict.accepted), draft_seconds)
+                    policy.update(max(draft.depths()), len(verdict.accepted), draft_seconds, verify_seconds,
+                                  len(tokens), drafter.catch_up_seconds)
+                elif self.draft_length is None and len(tokens) == 1:
+                    self.plain.observe(verify_seconds, self._curve(decoder)(1))
                 for i in path[1:]:
                     yielded += 1
                     yield tokens[i]

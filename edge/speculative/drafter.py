@@ -76,6 +76,10 @@ class Drafter:
     # Speed-up over plain decoding measured before use at the best depth (a self-draft's, at export); None: unknown.
     # Below 1 the adaptive policy never drafts with it: even a probe pays the draft's catch-up prefill.
     predicted_speedup: float | None = None
+    # Seconds the last propose() spent reading tokens it had not followed (a draft model's catch-up after steps it
+    # did not draft). The policy counts it per drafted step, apart from the cost per draft level; a probe's, which
+    # covers the whole time drafting was off, only spaces the next probe.
+    catch_up_seconds: float = 0.0
 
     def propose(self, context: list[int], depth: int) -> Draft:
         """A draft of at most `depth` levels continuing `context` (the prompt, the output so far and the root)."""

@@ -37,9 +37,9 @@ struct QMatMulArgs {
   const int32_t* outlier_rowptr = nullptr;   // (N + 1,)
   int64_t outlier_nnz = 0;
   const float* xq = nullptr;    // x as the vector kernels read it (see qmatmul_simd.h); x itself for 3-bit
-  const int32_t* xd = nullptr;  // VNNI kernel: per row and 8-k unit, 2 * digits words of signed 8-bit digits
-  int digits = 3;               // VNNI kernel: 3 (x to 23 bits) or 1 (x to int8: accuracy_level 4)
-  const float* xpow = nullptr;   // VNNI kernel: (M, G) power-of-two scale of each row's group
+  const int32_t* xd = nullptr;  // integer kernels: per row and 8-k unit, 2 * digits words of signed 8-bit digits
+  int digits = 3;               // integer kernels: 3 (x to 23 bits) or 1 (x to int8: accuracy_level 4)
+  const float* xpow = nullptr;   // integer kernels: (M, G) power-of-two scale of each row's group
   const float* xsum = nullptr;  // (M, G): per row and group sum of x, see row_group_sums
   float* y = nullptr;           // (M, N)
 };
@@ -60,6 +60,7 @@ void finish_tile_row(const QMatMulArgs& a, int64_t m, int64_t tile, const float*
 // Compute tiles [t0, t1) for all rows. The AVX2 variant exists only when compiled on x86-64.
 void qmatmul_tiles_portable(const QMatMulArgs& a, int64_t t0, int64_t t1);
 void qmatmul_tiles_avx2(const QMatMulArgs& a, int64_t t0, int64_t t1);
+void qmatmul_tiles_avx2_int8(const QMatMulArgs& a, int64_t t0, int64_t t1);  // 4-bit, digits = 1 only
 void qmatmul_tiles_avx512(const QMatMulArgs& a, int64_t t0, int64_t t1);
 void qmatmul_tiles_avx512vnni(const QMatMulArgs& a, int64_t t0, int64_t t1);  // 4-bit only
 void qmatmul_tiles_avxvnni(const QMatMulArgs& a, int64_t t0, int64_t t1);     // 4-bit only
@@ -89,10 +90,14 @@ void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float
 void prescale_x(const QMatMulArgs& a, float* out);
 
 // The variant chosen once at load time, the best the CPU runs: AVX-512 VNNI (4-bit; fp32 AVX-512 otherwise),
-// AVX-512F, AVX-VNNI (4-bit; fp32 AVX2 otherwise), AVX2+FMA, portable. EDGE_KERNELS_ISA=portable|avx2|avxvnni|
+// AVX-512F, AVX-VNNI (4-bit; fp32 AVX2 otherwise), AVX2+FMA, portable; 4-bit at digits = 1 (int8 x) takes the AVX2
+// int8 kernel on CPUs with AVX2 but no VNNI. EDGE_KERNELS_ISA=portable|avx2|avxvnni|
 // avx512|avx512vnni picks one the CPU supports instead (tests use it to compare the paths).
 using TilesFn = void (*)(const QMatMulArgs&, int64_t, int64_t);
-TilesFn select_tiles_fn(int bits);
+TilesFn select_tiles_fn(int bits, int digits);
+
+// Whether fn reads x as digits (prepare_digits) rather than as floats.
+bool reads_digits(TilesFn fn);
 
 float half_to_float(uint16_t h);
 

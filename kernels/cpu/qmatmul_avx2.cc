@@ -1,11 +1,14 @@
-// AVX2/FMA instantiation of the vector kernel (qmatmul_simd.h): 8 lanes = one tile. Built with -mavx2 -mfma only;
-// called only when the CPU reports both (select_tiles_fn).
+// AVX2/FMA kernels: the fp32 vector kernel (qmatmul_simd.h) with 8 lanes = one tile, and the int8-activation kernel
+// for 4-bit codes (accuracy_level 4). Built with -mavx2 -mfma only; called only when the CPU reports both
+// (select_tiles_fn).
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "qmatmul_simd.h"
+#include "qmatmul_vnni.h"
 
 namespace edge {
 namespace {
@@ -14,8 +17,6 @@ struct Avx2 {
   using F = __m256;
   using I = __m256i;
   static constexpr int kTiles = 1;
-  
-  
   static I load_unit(const uint8_t* p, int64_t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static I load_u16_unit(const uint8_t* p, int64_t) {
     return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -41,9 +42,84 @@ struct Avx2 {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
 };
 
+// accuracy_level 4 without VNNI. Why: the fp32 kernel converts every code to float and spends an FMA per row on it,
+// so an 8-row verify step costs several times a 1-row one; here vpmaddubsw multiplies 32 codes by 32 int8 x at once.
+// x comes as one signed byte per k (prepare_digits with digits = 1, |x_int| <= 127) and the sums are exact integers:
+// per 16-bit lane 16 products of at most 15 * 127 over a 32-k flush (30,480 < 2^15, no saturation), widened by
+// vpmaddwd. The integer sum of a flush is the same number the VNNI kernels (qmatmul_vnni.h, digits = 1) form, and
+// the float steps after it are theirs, so the results equal theirs bit for bit, and row m depends only on row m.
+template <int R>
+void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
+  const int64_t units_per_group = a.group / 8;
+  const int64_t units_total = a.Kp / 8;
+  const uint8_t* unit = a.codes + t * a.tile_bytes;
+  const __m256i nibbles = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int32_t* xd[R];
+  for (int r = 0; r < R; ++r) xd[r] = a.xd + (m0 + r) * units_total * 2;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < a.G; ++g) {
+    __m256 accg[R];
+    for (int r = 0; r < R; ++r) accg[r] = _mm256_setzero_ps();
+    for (int64_t u0 = 0; u0 < units_per_group; u0 += vnni::kFlushUnits) {
+      const int64_t flush = std::min<int64_t>(units_per_group - u0, vnni::kFlushUnits);
+      __m256i s16[R];
+      for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
+      for (int64_t u = 0; u < flush; ++u, unit += 32) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit));
+        const __m256i even = _mm256_and_si256(w, nibbles);  // byte b of a column's word: k = 2b
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(w, 4), nibbles);  // k = 2b + 1
+        const int64_t uu = g * units_per_group + u0 + u;
+        for (int r = 0; r < R; ++r) {
+          const int32_t* d = xd[r] + uu * 2;
+          const __m256i pe = _mm256_maddubs_epi16(even, _mm256_set1_epi32(d[0]));
+          const __m256i po = _mm256_maddubs_epi16(odd, _mm256_set1_epi32(d[1]));
+          s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(pe, po));
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        accg[r] = _mm256_add_ps(accg[r], _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[r], ones)));
+    }
+    const int64_t at = (t * a.G + g) * 8;
+    const __m256 s = Avx2::load(a.scales + at, 0);
+    const __m256 z = a.zeros_u8 != nullptr    ? Avx2::load_u8(a.zeros_u8 + at, 0)
+                     : a.zeros_f32 != nullptr ? Avx2::load(a.zeros_f32 + at, 0)
+                                              : _mm256_set1_ps(8.0f);
+    const __m256 sz = _mm256_mul_ps(s, z);
+    for (int r = 0; r < R; ++r) {
+      const int64_t mg = (m0 + r) * a.G + g;
+      acc[r] = _mm256_fmadd_ps(accg[r], _mm256_mul_ps(s, _mm256_set1_ps(a.xpow[mg])), acc[r]);
+      acc[r] = _mm256_fnmadd_ps(sz, _mm256_set1_ps(a.xsum[mg]), acc[r]);
+    }
+  }
+  alignas(32) float out[8];
+  for (int r = 0; r < R; ++r) {
+    _mm256_store_ps(out, acc[r]);
+    finish_tile_row(a, m0 + r, t, out);
+  }
+}
+
 }  // namespace
 
 void qmatmul_tiles_avx2(const QMatMulArgs& a, int64_t t0, int64_t t1) { simd::run_tiles<Avx2>(a, t0, t1); }
+
+void qmatmul_tiles_avx2_int8(const QMatMulArgs& a, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    int64_t m0 = 0;
+    for (; m0 + 8 <= a.M; m0 += 8) int8_tile_rows<8>(a, t, m0);
+    switch (a.M - m0) {
+      case 1: int8_tile_rows<1>(a, t, m0); break;
+      case 2: int8_tile_rows<2>(a, t, m0); break;
+      case 3: int8_tile_rows<3>(a, t, m0); break;
+      case 4: int8_tile_rows<4>(a, t, m0); break;
+      case 5: int8_tile_rows<5>(a, t, m0); break;
+      case 6: int8_tile_rows<6>(a, t, m0); break;
+      case 7: int8_tile_rows<7>(a, t, m0); break;
+      default: break;
+    }
+  }
+}
 
 }  // namespace edge
 #endif

@@ -151,6 +151,7 @@ void qmatmul_tiles_portable(const QMatMulArgs& a, int64_t t0, int64_t t1) {
 
 #if !defined(__x86_64__) && !defined(_M_X64)
 void qmatmul_tiles_avx2(const QMatMulArgs& a, int64_t t0, int64_t t1) { qmatmul_tiles_portable(a, t0, t1); }
+void qmatmul_tiles_avx2_int8(const QMatMulArgs& a, int64_t t0, int64_t t1) { qmatmul_tiles_portable(a, t0, t1); }
 void qmatmul_tiles_avx512(const QMatMulArgs& a, int64_t t0, int64_t t1) { qmatmul_tiles_portable(a, t0, t1); }
 void qmatmul_tiles_avx512vnni(const QMatMulArgs& a, int64_t t0, int64_t t1) { qmatmul_tiles_portable(a, t0, t1); }
 void qmatmul_tiles_avxvnni(const QMatMulArgs& a, int64_t t0, int64_t t1) { qmatmul_tiles_portable(a, t0, t1); }
@@ -267,14 +268,18 @@ Isa chosen_isa() {
 
 }  // namespace
 
-TilesFn select_tiles_fn(int bits) {
+TilesFn select_tiles_fn(int bits, int digits) {
   switch (chosen_isa()) {
     case Isa::kAvx512Vnni: return bits == 4 ? qmatmul_tiles_avx512vnni : qmatmul_tiles_avx512;
-    case Isa::kAvx512: return qmatmul_tiles_avx512;
+    case Isa::kAvx512: return bits == 4 && digits == 1 ? qmatmul_tiles_avx2_int8 : qmatmul_tiles_avx512;
     case Isa::kAvxVnni: return bits == 4 ? qmatmul_tiles_avxvnni : qmatmul_tiles_avx2;
-    case Isa::kAvx2: return qmatmul_tiles_avx2;
+    case Isa::kAvx2: return bits == 4 && digits == 1 ? qmatmul_tiles_avx2_int8 : qmatmul_tiles_avx2;
     default: return qmatmul_tiles_portable;
   }
+}
+
+bool reads_digits(TilesFn fn) {
+  return fn == qmatmul_tiles_avx512vnni || fn == qmatmul_tiles_avxvnni || fn == qmatmul_tiles_avx2_int8;
 }
 
 }  // namespace edge

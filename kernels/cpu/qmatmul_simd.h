@@ -80,67 +80,89 @@ inline typename V::F group_zeros(const QMatMulArgs& a, int64_t at, int64_t strid
   return V::set1(static_cast<float>(1 << (a.bits - 1)));
 }
 
-// Rows [m0, m0 + R) of tiles [t, t + V::kTiles).
-template <class V, int BITS, int R>
+// Rows [m0, m0 + R) of T neighbouring tile vectors, tiles [t, t + T * V::kTiles). With few rows a single tile would
+// leave one FMA chain per row, each FMA waiting on the one before (4-5 cycles): T vectors give the core T
+// independent chains at the same per-lane arithmetic, so every output keeps its bits whatever T is.
+template <class V, int BITS, int R, int T>
 void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
   using D = Decoder<V, BITS>;
   using F = typename V::F;
   const int64_t units_per_group = a.group / D::kUnitK;
+  const int64_t vector_bytes = V::kTiles * a.tile_bytes;  // between the same unit of neighbouring vectors
   const uint8_t* unit = a.codes + t * a.tile_bytes;
   const int64_t group_stride = a.G * 8;  // floats between the same group of neighbouring tiles
   const float* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = a.xq + (m0 + r) * a.ldx;
-  F acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = V::zero();
+  F acc[T][R];
+  for (int j = 0; j < T; ++j)
+    for (int r = 0; r < R; ++r) acc[j][r] = V::zero();
   for (int64_t g = 0; g < a.G; ++g) {
-    F accg[R];
-    for (int r = 0; r < R; ++r) accg[r] = V::zero();
+    F accg[T][R];
+    for (int j = 0; j < T; ++j)
+      for (int r = 0; r < R; ++r) accg[j][r] = V::zero();
     int64_t k = g * a.group;
-    for (int64_t u = 0; u < units_per_group; ++u, unit += D::kUnitBytes, k += D::kUnitK) {
-      const D dec(unit, a.tile_bytes);
-      unit_steps<D, V, R>(dec, xr, k, accg, std::make_integer_sequence<int, D::kUnitK>{});
-    }
-    const int64_t at = (t * a.G + g) * 8;
-    const F s = V::load(a.scales + at, group_stride);
-    const F sz = V::mul(s, group_zeros<V>(a, at, group_stride));
-    for (int r = 0; r < R; ++r) {
-      acc[r] = V::fmadd(accg[r], s, acc[r]);
-      acc[r] = V::fnmadd(sz, V::set1(a.xsum[(m0 + r) * a.G + g]), acc[r]);
+    for (int64_t u = 0; u < units_per_group; ++u, unit += D::kUnitBytes, k += D::kUnitK)
+      for (int j = 0; j < T; ++j) {
+        const D dec(unit + j * vector_bytes, a.tile_bytes);
+        unit_steps<D, V, R>(dec, xr, k, accg[j], std::make_integer_sequence<int, D::kUnitK>{});
+      }
+    for (int j = 0; j < T; ++j) {
+      const int64_t at = ((t + j * V::kTiles) * a.G + g) * 8;
+      const F s = V::load(a.scales + at, group_stride);
+      const F sz = V::mul(s, group_zeros<V>(a, at, group_stride));
+      for (int r = 0; r < R; ++r) {
+        acc[j][r] = V::fmadd(accg[j][r], s, acc[j][r]);
+        acc[j][r] = V::fnmadd(sz, V::set1(a.xsum[(m0 + r) * a.G + g]), acc[j][r]);
+      }
     }
   }
   alignas(64) float out[8 * V::kTiles];
-  for (int r = 0; r < R; ++r) {
-    V::store(out, acc[r]);
-    for (int j = 0; j < V::kTiles; ++j) finish_tile_row(a, m0 + r, t + j, out + 8 * j);
+  for (int j = 0; j < T; ++j)
+    for (int r = 0; r < R; ++r) {
+      V::store(out, acc[j][r]);
+      for (int i = 0; i < V::kTiles; ++i) finish_tile_row(a, m0 + r, t + j * V::kTiles + i, out + 8 * i);
+    }
+}
+
+// Rows [m0, m0 + R) of a block of T tile vectors, as many vectors at a time as R rows need for enough FMA chains.
+template <class V, int BITS, int R, int T>
+void block_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
+  constexpr int want = R == 1 ? 4 : (R <= 3 ? 2 : 1);
+  constexpr int step = want < T ? want : T;
+  for (int j = 0; j < T; j += step) tile_rows<V, BITS, R, step>(a, t + j * V::kTiles, m0);
+}
+
+template <class V, int BITS, int T>
+void block_all_rows(const QMatMulArgs& a, int64_t t) {
+  int64_t m0 = 0;
+  for (; m0 + 8 <= a.M; m0 += 8) block_rows<V, BITS, 8, T>(a, t, m0);
+  switch (a.M - m0) {
+    case 1: block_rows<V, BITS, 1, T>(a, t, m0); break;
+    case 2: block_rows<V, BITS, 2, T>(a, t, m0); break;
+    case 3: block_rows<V, BITS, 3, T>(a, t, m0); break;
+    case 4: block_rows<V, BITS, 4, T>(a, t, m0); break;
+    case 5: block_rows<V, BITS, 5, T>(a, t, m0); break;
+    case 6: block_rows<V, BITS, 6, T>(a, t, m0); break;
+    case 7: block_rows<V, BITS, 7, T>(a, t, m0); break;
+    default: break;
   }
 }
 
 template <class V, int BITS>
-void tile_all_rows(const QMatMulArgs& a, int64_t t) {
-  int64_t m0 = 0;
-  for (; m0 + 8 <= a.M; m0 += 8) tile_rows<V, BITS, 8>(a, t, m0);
-  switch (a.M - m0) {
-    case 1: tile_rows<V, BITS, 1>(a, t, m0); break;
-    case 2: tile_rows<V, BITS, 2>(a, t, m0); break;
-    case 3: tile_rows<V, BITS, 3>(a, t, m0); break;
-    case 4: tile_rows<V, BITS, 4>(a, t, m0); break;
-    case 5: tile_rows<V, BITS, 5>(a, t, m0); break;
-    case 6: tile_rows<V, BITS, 6>(a, t, m0); break;
-    case 7: tile_rows<V, BITS, 7>(a, t, m0); break;
-    default: break;
-  }
+int64_t run_tiles_bits(const QMatMulArgs& a, int64_t t0, int64_t t1) {
+  constexpr int kBlock = 4;
+  int64_t t = t0;
+  for (; t + kBlock * V::kTiles <= t1; t += kBlock * V::kTiles) block_all_rows<V, BITS, kBlock>(a, t);
+  for (; t + V::kTiles <= t1; t += V::kTiles) block_all_rows<V, BITS, 1>(a, t);
+  return t;
 }
 
 // Tiles [t0, t1) in steps of V::kTiles; returns the first tile not done (a remainder smaller than kTiles).
 template <class V>
 int64_t run_tiles(const QMatMulArgs& a, int64_t t0, int64_t t1) {
-  int64_t t = t0;
-  for (; t + V::kTiles <= t1; t += V::kTiles) {
-    if (a.bits == 4) tile_all_rows<V, 4>(a, t);
-    else if (a.bits == 2) tile_all_rows<V, 2>(a, t);
-    else tile_all_rows<V, 3>(a, t);
-  }
-  return t;
+  if (a.bits == 4) return run_tiles_bits<V, 4>(a, t0, t1);
+  if (a.bits == 2) return run_tiles_bits<V, 2>(a, t0, t1);
+  return run_tiles_bits<V, 3>(a, t0, t1);
 }
 
 }  // namespace simd

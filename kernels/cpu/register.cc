@@ -111,10 +111,11 @@ void run_chunk(void* user, size_t index) {
 }
 
 // Per-call activation buffers: zero-padded rows when the last group is partial, the per-group row sums, and what
-// the chosen kernel reads (prescaled x, or digits for VNNI). Kept per calling thread and reused: no malloc per call.
+// the chosen kernel reads (prescaled x, or digits for the integer kernels). Kept per calling thread and reused: no
+// malloc per call.
 void prepare_activations(QMatMulArgs& a, TilesFn fn) {
   thread_local std::vector<float> scratch;
-  const bool pad = a.Kp != a.K, digits = fn == qmatmul_tiles_avx512vnni || fn == qmatmul_tiles_avxvnni;
+  const bool pad = a.Kp != a.K, digits = reads_digits(fn);
   const bool prescale = fn != qmatmul_tiles_portable && !digits && a.bits != 3;
   const size_t rows = static_cast<size_t>(a.M), kp = static_cast<size_t>(a.Kp), g = static_cast<size_t>(a.G);
   // Digits take 2 * a.digits int32 per 8 k, i.e. a.digits / 4 floats per k.
@@ -158,7 +159,7 @@ OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
   if (a.M == 0) return nullptr;
   if (std::string err = validate_outliers_host(a); !err.empty())
     return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
-  TileJob job{&a, select_tiles_fn(a.bits), 1};
+  TileJob job{&a, select_tiles_fn(a.bits, a.digits), 1};
   prepare_activations(a, job.fn);
 
   const int64_t work = a.M * a.Kp * a.tiles * 8;
@@ -246,13 +247,14 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   return add_ops(options);
 }
 
-// Which CPU kernel this process uses for `bits` ("avx512vnni", "avx512", "avxvnni", "avx2" or "portable"); for
-// diagnostics and benchmark reports (edge.kernels.library.kernel_isa).
-extern "C" __attribute__((visibility("default"))) const char* EdgeKernelsIsa(int bits) {
-  const edge::TilesFn fn = edge::select_tiles_fn(bits);
+// Which CPU kernel this process uses for `bits` and accuracy_level (0 or 4): "avx512vnni", "avx512", "avxvnni",
+// "avx2-int8", "avx2" or "portable"; for diagnostics and benchmark reports (edge.kernels.library.kernel_isa).
+extern "C" __attribute__((visibility("default"))) const char* EdgeKernelsIsa(int bits, int accuracy_level) {
+  const edge::TilesFn fn = edge::select_tiles_fn(bits, accuracy_level == 4 ? 1 : 3);
   if (fn == edge::qmatmul_tiles_avx512vnni) return "avx512vnni";
   if (fn == edge::qmatmul_tiles_avxvnni) return "avxvnni";
   if (fn == edge::qmatmul_tiles_avx512) return "avx512";
+  if (fn == edge::qmatmul_tiles_avx2_int8) return "avx2-int8";
   if (fn == edge::qmatmul_tiles_avx2) return "avx2";
   return "portable";
 }
