@@ -185,6 +185,7 @@ class AdaptiveDepth:
     probe_interval: int = field(default=0, init=False)  # steps between probes now (0: probe_every)
     level_successes: np.ndarray = field(init=False)
     level_trials: np.ndarray = field(init=False)
+    verify_costs: np.ndarray | None = field(default=None, init=False)  # curve(1 + size(d)) for d = 1..max_depth
 
     def __post_init__(self) -> None:
         self.level_successes = np.zeros(self.max_depth)
@@ -213,15 +214,23 @@ class AdaptiveDepth:
         """The pace of this drafter's verify calls; until one is seen, the plain steps' (nothing known is added)."""
         return self.verify.ratio if self.verify.observed else self.plain.ratio
 
-    def speedup(self, depth: int) -> float:
-        """Expected tokens per second at `depth` relative to plain decoding."""
-        tokens = 1.0 + float(np.cumprod(self.rates()[:depth]).sum())
-        seconds = (self.curve(1 + self.size(depth)) * self.verify_pace() + depth * self.draft_seconds_per_level
+    def speedups(self) -> np.ndarray:
+        """Expected tokens per second at depths 1..max_depth relative to plain decoding (runs every step: vectorised,
+        the verify costs by depth looked up once)."""
+        if self.verify_costs is None:
+            self.verify_costs = np.array([self.curve(1 + self.size(d)) for d in range(1, self.max_depth + 1)])
+        tokens = 1.0 + np.cumsum(np.cumprod(self.rates()))
+        depths = np.arange(1, self.max_depth + 1)
+        seconds = (self.verify_costs * self.verify_pace() + depths * self.draft_seconds_per_level
                    + self.catch_up_seconds_per_step)
         return tokens * self.plain_seconds() / seconds
 
+    def speedup(self, depth: int) -> float:
+        return float(self.speedups()[depth - 1])
+
     def best(self) -> tuple[int, float]:
-        return max(((d, self.speedup(d)) for d in range(1, self.max_depth + 1)), key=lambda x: x[1])
+        gains = self.speedups()
+        return int(np.argmax(gains)) + 1, float(gains.max())
 
     def drafting(self) -> bool:
         """Whether the policy drafts now (rather than waiting for its next probe)."""
@@ -237,11 +246,11 @@ class AdaptiveDepth:
         self.probing = False
         if not self.enabled:
             return 0
-        depth, gain = self.best()
-        if not self.off and gain >= self.min_gain:
-            self.probe_interval = 0
-            return depth
         if not self.off:
+            depth, gain = self.best()
+            if gain >= self.min_gain:
+                self.probe_interval = 0
+                return depth
             self.off, self.off_steps = True, 0
         self.off_steps += 1
         interval = self.probe_interval or self.probe_every
