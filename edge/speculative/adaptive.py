@@ -4,8 +4,8 @@ A verify call over S tokens costs c(S); on this CPU c(2)/c(1) is ~1.0 for float3
 MatMulNBits, so the same acceptance pays on one package and loses on the other. The curve is measured once per
 package and thread count and cached. With a_i the rate at which level i is accepted once the levels before it were,
 a draft of depth d yields 1 + a_1 + a_1 a_2 + ... + a_1...a_d tokens per call; the controller picks the d with most
-tokens per second, and turns drafting off when even the best d is slower than plain decoding, probing again every
-`probe_every` plain steps.
+tokens per second, and turns drafting off when even the best d is slower than plain decoding, probing again with
+one level after `probe_every` plain steps, then at doubling intervals while probes lose.
 
 The curve is measured alone; real calls run beside other work. Each policy therefore scales the curve by the pace
 its verify calls are observed to run at, and compares with the pace of plain 1-token steps observed in the same
