@@ -83,10 +83,7 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
     }
     const int64_t at = (t * a.G + g) * 8;
     const __m256 s = Avx2::load(a.scales + at, 0);
-    const __m256 z = a.zeros_u8 != nullptr    ? Avx2::load_u8(a.zeros_u8 + at, 0)
-                     : a.zeros_f32 != nullptr ? Avx2::load(a.zeros_f32 + at, 0)
-                                              : _mm256_set1_ps(8.0f);
-    const __m256 sz = _mm256_mul_ps(s, z);
+    const __m256 sz = _mm256_mul_ps(s, vnni::zeros<Avx2>(a, at, 0));
     for (int r = 0; r < R; ++r) {
       const int64_t mg = (m0 + r) * a.G + g;
       acc[r] = _mm256_fmadd_ps(accg[r], _mm256_mul_ps(s, _mm256_set1_ps(a.xpow[mg])), acc[r]);
