@@ -225,9 +225,6 @@ class AdaptiveDepth:
                    + self.catch_up_seconds_per_step)
         return tokens * self.plain_seconds() / seconds
 
-    def speedup(self, depth: int) -> float:
-        return float(self.speedups()[depth - 1])
-
     def best(self) -> tuple[int, float]:
         gains = self.speedups()
         return int(np.argmax(gains)) + 1, float(gains.max())
@@ -255,9 +252,9 @@ class AdaptiveDepth:
         self.off_steps += 1
         interval = self.probe_interval or self.probe_every
         if self.off_steps >= interval:  # losing for now; look again, the text may have changed
-            # each probe costs a verify step and, for a draft model, its catch-up prefill: back off while they lose
-            # One level: it tells whether first tokens are accepted again, at the cheapest verify. Measured: at the
-            # best depth a token-recycling probe verified a 24-node tree (5-6 plain steps on int4) twice per 64 tokens.
+            # Each probe costs a verify step and, for a draft model, its catch-up: back off while they lose, and
+            # draft one level, the cheapest verify that says whether first tokens pass again (measured: at its best
+            # depth a token-recycling probe verified a 24-node tree, 5-6 plain int4 steps, twice per 64 tokens).
             self.off, self.probing, self.probe_interval = False, True, min(2 * interval, self.max_probe_every)
             return 1  # the next call decides, with the probe's outcome, whether drafting stays on
         return 0
