@@ -12,8 +12,9 @@ from edge.errors import EdgeError
 from edge.export.pipeline import export_model
 from edge.model import Decoder
 from edge.package import load_package
-from edge.speculative import (Draft, DraftModel, Drafter, PromptLookup, Speculator,
+from edge.speculative import (Draft, DraftModel, Drafter, PromptLookup, Speculator, TokenRecycling,
                               check_compatible, make_speculator)
+from edge.speculative.decode import QUIET_EVERY
 from edge.speculative.drafter import ROOT
 from edge.speculative.verify import accept_greedy, tree_inputs
 from tiny_models import VOCAB, tiny_llama
@@ -202,3 +203,34 @@ def test_a_switched_off_draft_model_does_not_read_the_prompt(packages):
     engine.reset()
     engine.generate(PROMPTS[1], max_tokens=4)
     assert draft.begun == 1 and engine.stats.speculative.drafted == 0
+
+
+class CountingRecycling(TokenRecycling):
+    proposed = observed = 0
+
+    def propose(self, context, depth):
+        self.proposed += 1
+        return super().propose(context, depth)
+
+    def observe(self, tokens, logits):
+        self.observed += 1
+        super().observe(tokens, logits)
+
+
+def test_a_switched_off_learner_costs_little_between_probes(packages):
+    """Token recycling's top-k per step and its proposals cost ~3% of an int4 step in the loop: while its policy
+    has it off, it is not asked to propose and sees only every QUIET_EVERY-th verify call (its table stays fresh)."""
+    fp32, _ = packages
+    engine = Engine(fp32, context_length=96, threads=1)
+    recycling = CountingRecycling(VOCAB)
+    engine.speculator = Speculator([recycling])
+    engine.generate(PROMPTS[0], max_tokens=8)
+    assert recycling.observed >= 4  # on: every verify call
+    policy = engine.speculator.policies["recycling"]
+    policy.enabled = False  # off for good: never probes
+    recycling.proposed = recycling.observed = 0
+    engine.reset()
+    engine.generate(PROMPTS[1], max_tokens=40)
+    calls = engine.stats.speculative.target_calls
+    assert recycling.proposed == 0 and calls >= 36
+    assert calls // QUIET_EVERY - 1 <= recycling.observed <= calls // QUIET_EVERY + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from edge.speculative import PromptLookup
@@ -27,3 +28,21 @@ def test_min_ngram_excludes_weak_matches():
     assert PromptLookup(max_ngram=3, min_ngram=2).propose([4, 5, 6, 1, 2, 8, 8, 2], 2).tokens == []
     with pytest.raises(ValueError):
         PromptLookup(max_ngram=1, min_ngram=2)
+
+
+def reference_lookup(context, depth, max_ngram):
+    """The rule spelled out: longest n-gram first, its most recent earlier occurrence, copy what followed."""
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        for end in range(len(context) - 2, n - 2, -1):
+            if context[end - n + 1:end + 1] == context[-n:]:
+                return context[end + 1:end + 1 + depth], f"{n}-gram"
+    return [], ""
+
+
+def test_matches_the_rule_spelled_out_on_random_contexts():
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        context = rng.integers(0, 6, rng.integers(2, 40)).tolist()  # a small vocabulary: many partial matches
+        max_ngram = int(rng.integers(1, 5))
+        draft = PromptLookup(max_ngram=max_ngram).propose(context, 5)
+        assert (draft.tokens, draft.kind) == reference_lookup(context, 5, max_ngram), context

@@ -6,6 +6,7 @@ import numpy as np
 
 from edge.speculative import TokenRecycling
 from edge.speculative.drafter import ROOT
+from edge.speculative.token_recycling import top_k
 
 
 def logits_preferring(vocab, order):
@@ -40,3 +41,12 @@ def test_max_nodes_caps_the_tree():
     tr.observe([0, 1, 2, 3], np.stack([logits_preferring(20, [1, 2, 3])] * 4))
     draft = tr.propose([0], 2)
     assert len(draft) == 5 == tr.size(2)
+
+
+def test_top_k_is_exact_whatever_the_logits_spread():
+    rng = np.random.default_rng(0)
+    for scale in (0.1, 1.0, 5.0, 50.0):  # many within the window of the maximum, or fewer than k
+        for _ in range(20):
+            row = (rng.standard_normal(1000) * scale).astype(np.float32)
+            expected = np.argsort(-row, kind="stable")[:8]
+            assert top_k(row, 8).tolist() == expected.tolist()

@@ -19,6 +19,8 @@ from edge.speculative.drafter import Draft, Drafter
 from edge.speculative.stats import SpeculativeStats
 from edge.speculative.verify import accept_greedy, accept_sampled, tree_inputs
 
+QUIET_EVERY = 4  # a switched-off learner observes one verify call in this many
+
 
 class Speculator:
     """Drafters plus a draft-length policy per drafter. draft_length=None: adaptive (measured cost curve).
@@ -40,6 +42,7 @@ class Speculator:
         self.plain = Pace()  # plain 1-token steps against the cost curve, shared by the adaptive policies
         self.curve: CostCurve | None = None
         self.stats = SpeculativeStats()
+        self.steps = 0  # verify calls so far, for learners that observe only some of them
 
     @property
     def name(self) -> str:
@@ -84,7 +87,10 @@ class Speculator:
                node_cap: int) -> tuple[Drafter | None, Draft, AdaptiveDepth | FixedDepth | None, float]:
         start = time.perf_counter()
         for drafter in self.drafters:
-            draft = drafter.propose(context, min(self.max_depth, depth_cap)) if drafter.cheap else None
+            # A cheap drafter's guess comes first, to be judged by its kind; one that is waiting for a probe is not
+            # asked at all on the steps in between.
+            first = drafter.cheap and not self._waiting(drafter)
+            draft = drafter.propose(context, min(self.max_depth, depth_cap)) if first else None
             if draft is not None and not len(draft):
                 continue  # no guess this step: nothing to judge, and no probe spent on it
             policy = self._policy(drafter, decoder, draft.kind if draft is not None else "")
@@ -97,6 +103,28 @@ class Speculator:
             if len(draft):
                 return drafter, draft, policy, time.perf_counter() - start
         return None, Draft(), None, time.perf_counter() - start
+
+    def _observe(self, tokens: list[int], rows: np.ndarray, path: list[int]) -> None:
+        """Show the drafters that learn from the target (token recycling) the accepted path's rows.
+
+        What this costs matters as much as the step: after a step has streamed the weights through the caches,
+        every numpy call on a 49k-logit row takes tens of microseconds, and the top-k of one row ~0.2 ms (3% of an
+        int4 step; measured in the loop, 4x a warm micro-benchmark). So only the accepted path's rows, a chain's
+        as a view (a copy allocates afresh each step), and a learner switched off for losing sees every
+        `QUIET_EVERY`-th step only: enough to keep its table fresh for the next probe.
+        """
+        self.steps += 1
+        learners = [d for d in self.drafters if d.learns and (self.steps % QUIET_EVERY == 0 or not self._waiting(d))]
+        if not learners:
+            return
+        seen = rows[:len(path)] if path[-1] == len(path) - 1 else rows[path]
+        for d in learners:
+            d.observe([tokens[i] for i in path], seen)
+
+    def _waiting(self, drafter: Drafter) -> bool:
+        """Switched off by its adaptive policy until the next probe (cheap: runs every step)."""
+        policy = self.policies.get(drafter.name)
+        return isinstance(policy, AdaptiveDepth) and (policy.off or not policy.enabled)
 
     def tokens(self, decoder: Decoder, history: list[int], logits: np.ndarray, params: SamplingParams,
                max_tokens: int) -> Iterator[int]:
@@ -140,8 +168,7 @@ class Speculator:
                 else:
                     verdict = accept_sampled(draft, rows, params, sampler.rng)
                 path = verdict.path if verdict.next_token is not None else verdict.path[:-1]
-                for d in self.drafters:  # only the accepted path's rows: top-k of all rows costs ~0.5 ms each
-                    d.observe([tokens[i] for i in path], rows[path])
+                self._observe(tokens, rows, path)
                 decoder.cache.keep(past, path)
                 history.extend(tokens[i] for i in path)
                 verify_seconds = time.perf_counter() - start
@@ -151,7 +178,7 @@ class Speculator:
                     policy.update(max(draft.depths()), len(verdict.accepted), draft_seconds, verify_seconds,
                                   len(tokens), drafter.catch_up_seconds)
                 elif self.draft_length is None and len(tokens) == 1:
-                    self.plain.observe(verify_seconds, self._curve(decoder)(1))
+                    self.plain.observe(verify_seconds, self._curve(decoder).seconds[0])  # sizes[0] is 1
                 for i in path[1:]:
                     yielded += 1
                     yield tokens[i]

@@ -80,6 +80,7 @@ class Drafter:
     # did not draft). The policy counts it per drafted step, apart from the cost per draft level; a probe's, which
     # covers the whole time drafting was off, only spaces the next probe.
     catch_up_seconds: float = 0.0
+    learns = False  # whether observe() wants the target's logits (token recycling): they are only passed if so
 
     def propose(self, context: list[int], depth: int) -> Draft:
         """A draft of at most `depth` levels continuing `context` (the prompt, the output so far and the root)."""

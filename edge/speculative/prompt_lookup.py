@@ -7,7 +7,6 @@ context, and propose what followed it there. Costs microseconds and no model.
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from edge.speculative.drafter import Draft, Drafter
 
@@ -25,13 +24,20 @@ class PromptLookup(Drafter):
         if depth <= 0 or len(context) < 2:
             return Draft()
         ids = np.asarray(context, dtype=np.int64)
-        for n in range(min(self.max_ngram, len(ids) - 1), self.min_ngram - 1, -1):
-            # Windows start at 0..len-n-1: every occurrence except the suffix itself, each followed by >= 1 token.
-            windows = sliding_window_view(ids[:-1], n)
-            hits = np.flatnonzero((windows == ids[-n:]).all(axis=1))
-            if hits.size:
-                start = int(hits[-1]) + n
-                draft = Draft.chain(ids[start:start + depth].tolist())
-                draft.kind = f"{n}-gram"
-                return draft
-        return Draft()
+        # Runs every step, so it must cost microseconds: find the earlier occurrences of the last token once, then
+        # keep those whose preceding tokens match too, one n at a time (comparing whole windows for every n cost
+        # ~0.2 ms at 300 tokens, 3% of an int4 step). Ends lie in 0..len-2: each is followed by >= 1 token.
+        ends = np.flatnonzero(ids[:-1] == ids[-1])
+        found, n = (ends, 1) if ends.size else (None, 0)
+        for m in range(2, min(self.max_ngram, len(ids) - 1) + 1):
+            ends = ends[ends >= m - 1]
+            ends = ends[ids[ends - (m - 1)] == ids[-m]]
+            if not ends.size:
+                break
+            found, n = ends, m
+        if found is None or n < self.min_ngram:
+            return Draft()
+        start = int(found[-1]) + 1
+        draft = Draft.chain(ids[start:start + depth].tolist())
+        draft.kind = f"{n}-gram"
+        return draft

@@ -17,6 +17,7 @@ DEFAULT_WIDTHS = (4, 2, 2, 1, 1, 1, 1, 1)
 class TokenRecycling(Drafter):
     name = "recycling"
     cheap = True
+    learns = True
 
     def __init__(self, vocab_size: int, top_k: int = 8, widths: tuple[int, ...] = DEFAULT_WIDTHS,
                  max_nodes: int = 24):
@@ -28,10 +29,7 @@ class TokenRecycling(Drafter):
     def observe(self, tokens: list[int], logits: np.ndarray) -> None:
         if not len(tokens):
             return
-        k = self.successors.shape[1]
-        top = np.argpartition(logits, -k, axis=-1)[:, -k:]
-        order = np.argsort(-np.take_along_axis(logits, top, axis=-1), axis=-1)
-        self.successors[np.asarray(tokens)] = np.take_along_axis(top, order, axis=-1)
+        self.successors[np.asarray(tokens)] = np.stack([top_k(row, self.successors.shape[1]) for row in logits])
 
     def size(self, depth: int) -> int:
         total, level = 0, 1
@@ -61,3 +59,15 @@ class TokenRecycling(Drafter):
 
     def reset(self) -> None:
         """The table is knowledge about the model, not the conversation: it is kept."""
+
+
+def top_k(row: np.ndarray, k: int, window: float = 8.0) -> np.ndarray:
+    """Indices of the k largest logits, largest first. It runs on every verify row, so it must cost far less than
+    a step: partitioning all 49k logits took ~0.2 ms (3% of an int4 step), but the top k are nearly always among
+    the few within `window` of the maximum, and when at least k are there, they are exactly the top k."""
+    candidates = np.flatnonzero(row >= row.max() - window)
+    if candidates.size < k:
+        candidates = np.argpartition(row, -k)[-k:]
+    elif candidates.size > k:
+        candidates = candidates[np.argpartition(row[candidates], -k)[-k:]]
+    return candidates[np.argsort(-row[candidates], kind="stable")]

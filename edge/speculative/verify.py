@@ -53,6 +53,8 @@ def accept_greedy(draft: Draft, logits: np.ndarray, margin: float = 0.0) -> Verd
 
     A row whose top-2 gap is under `margin` decides nothing: the verdict ends at its node with next_token None.
     """
+    if not len(draft):  # most steps of a drafter that is off: what plain decoding does, and no more
+        return Verdict([0], [], int(np.argmax(logits[0])))
     kids, node, path = _children(draft), 0, [0]
     while True:
         row = logits[node]
