@@ -114,7 +114,9 @@ class BuildOptions:
     accuracy_level: int = 4
     rope_cache_len: int | None = None  # rows of the cos/sin cache; default: the model's max context
     fuse_projections: bool = True  # one matmul for q/k/v and one for gate/up (benchmarks/graph_ops.py measures it)
-    kernels: str = "stock"  # "edge": quantized linears run edge.QMatMul (kernels/), batch-invariant and any bits
+    # "edge": quantized linears run edge.QMatMul and attention edge.Attention (kernels/), batch-invariant (sliding-window
+    # layers keep GroupQueryAttention)
+    kernels: str = "stock"
     # Kept layer indices (ascending) for a graph over a subset of the layers (the skip-layer self-draft); None: all.
     # The kept layers' cache inputs/outputs are numbered 0..len-1 in order, so the runtime runs it like any model.
     layers: tuple[int, ...] | None = None
@@ -260,9 +262,12 @@ class DecoderBuilder:
             inputs.append("attention_bias")
         attrs: dict[str, Any] = dict(num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, do_rotary=1,
                                      scale=cfg.query_scale or 1.0 / math.sqrt(cfg.head_dim))
+        op, domain = "GroupQueryAttention", "com.microsoft"
         if cfg.is_sliding_layer(i):
             attrs["local_window_size"] = cfg.sliding_window
-        out = self.g.node("GroupQueryAttention", inputs, domain="com.microsoft", name=f"{p}.gqa",
+        elif self.opt.kernels == "edge":  # rows independent of the call's size: exact verify steps (kernels/)
+            op, domain = "Attention", "edge"
+        out = self.g.node(op, inputs, domain=domain, name=f"{p}.gqa",
                           outputs=[f"{p}.gqa/out0", f"present_key.{slot}", f"present_value.{slot}"], **attrs)
         return self.linear(out[0], f"{p}.o_proj", self.tensors[f"{p}.o_proj.weight"],
                            self.tensors.get(f"{p}.o_proj.bias"))  # Llama with attention_bias=True

@@ -50,6 +50,7 @@ bool bind_api(const OrtApi* api) {
   bind(g_ort.GetDimensions, t, kSlotGetDimensions, c);
   bind(g_ort.GetTensorShapeElementCount, t, kSlotGetTensorShapeElementCount, c);
   bind(g_ort.GetTensorTypeAndShape, t, kSlotGetTensorTypeAndShape, c);
+  bind(g_ort.KernelInfoGetAttribute_float, t, kSlotKernelInfoGetAttributeFloat, c);
   bind(g_ort.KernelInfoGetAttribute_int64, t, kSlotKernelInfoGetAttributeInt64, c);
   bind(g_ort.KernelContext_GetInputCount, t, kSlotKernelContextGetInputCount, c);
   bind(g_ort.KernelContext_GetInput, t, kSlotKernelContextGetInput, c);
@@ -131,6 +132,36 @@ std::string self_check() {
   std::string err = check_status_round_trip();
   if (err.empty()) err = check_type_and_shape_round_trip();
   return err;
+}
+
+namespace {
+
+OrtStatus* describe(const OrtValue* value, TensorView* v) {
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  if (OrtStatus* st = g_ort.GetTensorTypeAndShape(value, &info)) return st;
+  size_t rank = 0, count = 0;
+  OrtStatus* st = g_ort.GetTensorElementType(info, &v->type);
+  if (st == nullptr) st = g_ort.GetDimensionsCount(info, &rank);
+  if (st == nullptr) {
+    v->dims.assign(rank, 0);
+    st = g_ort.GetDimensions(info, v->dims.data(), rank);
+  }
+  if (st == nullptr) st = g_ort.GetTensorShapeElementCount(info, &count);
+  g_ort.ReleaseTensorTypeAndShapeInfo(info);
+  v->count = static_cast<int64_t>(count);
+  return st;
+}
+
+}  // namespace
+
+OrtStatus* view_input(OrtKernelContext* ctx, size_t index, size_t count, TensorView* v) {
+  if (index >= count) return nullptr;
+  const OrtValue* value = nullptr;
+  if (OrtStatus* st = g_ort.KernelContext_GetInput(ctx, index, &value)) return st;
+  if (value == nullptr) return nullptr;
+  v->value = const_cast<OrtValue*>(value);
+  if (OrtStatus* st = describe(value, v)) return st;
+  return g_ort.GetTensorMutableData(v->value, &v->data);
 }
 
 }  // namespace edge

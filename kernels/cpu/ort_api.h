@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "ort_abi.h"
 
@@ -28,6 +29,7 @@ enum OrtSlot : int {
   kSlotGetDimensions = 62,
   kSlotGetTensorShapeElementCount = 64,
   kSlotGetTensorTypeAndShape = 65,
+  kSlotKernelInfoGetAttributeFloat = 85,
   kSlotKernelInfoGetAttributeInt64 = 86,
   kSlotKernelContextGetInputCount = 88,
   kSlotKernelContextGetInput = 90,
@@ -55,6 +57,7 @@ struct OrtApiFns {
   OrtStatus* (*GetDimensions)(const OrtTensorTypeAndShapeInfo* info, int64_t* dims, size_t count);
   OrtStatus* (*GetTensorShapeElementCount)(const OrtTensorTypeAndShapeInfo* info, size_t* out);
   OrtStatus* (*GetTensorTypeAndShape)(const OrtValue* value, OrtTensorTypeAndShapeInfo** out);
+  OrtStatus* (*KernelInfoGetAttribute_float)(const OrtKernelInfo* info, const char* name, float* out);
   OrtStatus* (*KernelInfoGetAttribute_int64)(const OrtKernelInfo* info, const char* name, int64_t* out);
   OrtStatus* (*KernelContext_GetInputCount)(const OrtKernelContext* ctx, size_t* out);
   OrtStatus* (*KernelContext_GetInput)(const OrtKernelContext* ctx, size_t index, const OrtValue** out);
@@ -79,5 +82,17 @@ std::string self_check();
 
 // A status carrying `msg` (nullptr would mean success to ORT, so never pass an empty failure).
 OrtStatus* make_status(int code, const std::string& msg);
+
+// An input's type, shape and data, read once per call (value null: an optional input that is absent).
+struct TensorView {
+  OrtValue* value = nullptr;
+  int type = 0;
+  std::vector<int64_t> dims;
+  int64_t count = 0;
+  void* data = nullptr;
+};
+
+// Describe input `index` of the `count` the kernel got; absent or past the end leaves `v` empty.
+OrtStatus* view_input(OrtKernelContext* ctx, size_t index, size_t count, TensorView* v);
 
 }  // namespace edge

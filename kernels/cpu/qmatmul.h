@@ -99,6 +99,9 @@ TilesFn select_tiles_fn(int bits, int digits);
 // Whether fn reads x as digits (prepare_digits) rather than as floats.
 bool reads_digits(TilesFn fn);
 
+// Whether this process runs the AVX2 (or wider) kernels: the CPU has them and EDGE_KERNELS_ISA does not say portable.
+bool uses_avx2();
+
 float half_to_float(uint16_t h);
 
 }  // namespace edge

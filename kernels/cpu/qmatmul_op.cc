@@ -5,40 +5,6 @@ namespace edge {
 
 namespace {
 
-struct TensorView {
-  OrtValue* value = nullptr;  // null: optional input absent
-  int type = 0;
-  std::vector<int64_t> dims;
-  int64_t count = 0;
-  void* data = nullptr;
-};
-
-OrtStatus* describe(const OrtValue* value, TensorView* v) {
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  if (OrtStatus* st = g_ort.GetTensorTypeAndShape(value, &info)) return st;
-  size_t rank = 0, count = 0;
-  OrtStatus* st = g_ort.GetTensorElementType(info, &v->type);
-  if (st == nullptr) st = g_ort.GetDimensionsCount(info, &rank);
-  if (st == nullptr) {
-    v->dims.assign(rank, 0);
-    st = g_ort.GetDimensions(info, v->dims.data(), rank);
-  }
-  if (st == nullptr) st = g_ort.GetTensorShapeElementCount(info, &count);
-  g_ort.ReleaseTensorTypeAndShapeInfo(info);
-  v->count = static_cast<int64_t>(count);
-  return st;
-}
-
-OrtStatus* view_input(OrtKernelContext* ctx, size_t index, size_t count, TensorView* v) {
-  if (index >= count) return nullptr;
-  const OrtValue* value = nullptr;
-  if (OrtStatus* st = g_ort.KernelContext_GetInput(ctx, index, &value)) return st;
-  if (value == nullptr) return nullptr;
-  v->value = const_cast<OrtValue*>(value);
-  if (OrtStatus* st = describe(value, v)) return st;
-  return g_ort.GetTensorMutableData(v->value, &v->data);
-}
-
 const char* kInputNames[] = {"X", "codes", "scales", "zeros", "bias", "outlier_values", "outlier_cols",
                              "outlier_row_ptr"};
 

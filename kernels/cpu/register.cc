@@ -1,5 +1,6 @@
 // RegisterCustomOps, the entry point ORT calls: binds the OrtApi slots, self-checks them, and registers edge.QMatMul
-// in domain "edge" for the CPU (and, in the CUDA build, the same op for CUDAExecutionProvider).
+// in domain "edge" for the CPU (and, in the CUDA build, the same op for CUDAExecutionProvider), and edge.Attention
+// for the CPU (attention_op.cc).
 //
 // Inputs of edge.QMatMul (attributes K, N, bits, group_size, optional accuracy_level 0 or 4):
 //   0 X        float32 (..., K)
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_op.h"
 #include "ort_api.h"
 #include "qmatmul.h"
 #include "qmatmul_op.h"
@@ -216,6 +218,7 @@ OrtStatus* add_ops(OrtSessionOptions* options) {
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* st = g_ort.CreateCustomOpDomain("edge", &domain)) return st;
   OrtStatus* st = g_ort.CustomOpDomain_Add(domain, &g_cpu_op);
+  if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cpu_attention_op());
 #ifdef EDGE_WITH_CUDA
   if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cuda_op());
 #endif

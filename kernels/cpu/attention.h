@@ -1,0 +1,51 @@
+// edge.Attention: GroupQueryAttention's contract (batch 1, rotary inside, KV cache written in place, optional tree
+// bias) with every output row computed by the same sequence of float operations whatever the number of rows.
+//
+// Why: a verify step scores S draft tokens in one call, and greedy speculation is exact only if each row equals what
+// a 1-token step computes. ORT's GroupQueryAttention takes another GEMM path for several rows (differences ~1e-7),
+// and with int8 activations (edge.QMatMul accuracy_level 4) the next layer's rounding of x amplifies that into
+// different tokens on near-ties. Here each (row, head) is one task: its scores, softmax and weighted sum run over the
+// keys in order, and a key masked by the tree bias contributes an exact zero, so a row of a tree sees the same sums
+// as the same token decoded alone after the accepted path was compacted into place.
+#pragma once
+
+#include <cstdint>
+
+namespace edge {
+
+struct AttentionArgs {
+  int64_t S = 0, P = 0, L = 0;  // new rows, tokens already cached, cache capacity (present's third dimension)
+  int64_t H = 0, KV = 0, D = 0;
+  float scale = 0.0f;
+  const float* q = nullptr;  // row s, head h at q + s * q_stride + h * D
+  const float* k = nullptr;  // new keys: row s, kv head g at k + s * kv_stride + g * D
+  const float* v = nullptr;
+  int64_t q_stride = 0, kv_stride = 0;
+  const float* cos = nullptr;  // (rope_rows, D / 2)
+  const float* sin = nullptr;
+  int64_t rope_rows = 0;
+  const int64_t* positions = nullptr;  // (S,)
+  const float* bias = nullptr;  // (S, P + S) or null
+  float* kcache = nullptr;  // (KV, L, D), already holding the new rows when rows are attended
+  float* vcache = nullptr;
+  float* out = nullptr;  // (S, H * D)
+};
+
+// Rotary embedding of one head vector (non-interleaved halves), as GroupQueryAttention's do_rotary=1.
+inline void rotate_half(const float* x, const float* cos, const float* sin, int64_t half, float* out) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    out[i] = a * cos[i] - b * sin[i];
+    out[i + half] = b * cos[i] + a * sin[i];
+  }
+}
+
+// One (row, head) task; `scratch` holds P + S floats (the row's scores).
+using AttendFn = void (*)(const AttentionArgs& a, int64_t s, int64_t h, float* scratch);
+void attend_portable(const AttentionArgs& a, int64_t s, int64_t h, float* scratch);
+void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h, float* scratch);
+
+// The kernel this process uses (the same ISA choice as edge.QMatMul's; AVX2 needs D % 8 == 0).
+AttendFn select_attend_fn(int64_t head_dim);
+
+}  // namespace edge

@@ -1,0 +1,270 @@
+// edge.Attention's inputs, checks and work split. Inputs and outputs are GroupQueryAttention's, in its order, so
+// the exporter swaps the op type and keeps the wiring (attributes num_heads, kv_num_heads, scale; do_rotary must be
+// 1, no sliding window, no softcap):
+//   0 query  float32 (1, S, (H + 2 KV) D) packed, or (1, S, H D) with 1 key and 2 value (1, S, KV D)
+//   3 past_key, 4 past_value  float32 (1, KV, L, D)   5 seqlens_k int32 (1,) = P + S - 1
+//   6 total_sequence_length int32 scalar = P + S      7 cos_cache, 8 sin_cache float32 (positions, D / 2)
+//   9 position_ids int64 (1, S)                        10 attention_bias float32 (1, 1, S, P + S), optional
+// Outputs: 0 (1, S, H D); 1 present_key, 2 present_value (1, KV, L, D): the past buffers themselves when the caller
+// binds them so (the runtime's in-place cache), else a copy of the past with the new rows written at P .. P+S-1.
+#include "attention_op.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention.h"
+#include "ort_api.h"
+
+namespace edge {
+
+namespace {
+
+struct AttentionKernel {
+  int64_t H = 0, KV = 0;
+  float scale = 0.0f;  // 0: 1/sqrt(D)
+};
+
+constexpr size_t kInputs = 11;
+
+int input_type(const OrtCustomOp*, size_t index) {
+  switch (index) {
+    case 5: case 6: return kOrtInt32;
+    case 9: return kOrtInt64;
+    default: return kOrtFloat;
+  }
+}
+size_t input_count(const OrtCustomOp*) { return kInputs; }
+int output_type(const OrtCustomOp*, size_t) { return kOrtFloat; }
+size_t output_count(const OrtCustomOp*) { return 3; }
+int input_characteristic(const OrtCustomOp*, size_t index) {
+  return index == 1 || index == 2 || index == 10 ? kOrtOptional : kOrtRequired;
+}
+int output_characteristic(const OrtCustomOp*, size_t) { return kOrtRequired; }
+int memory_type_default(const OrtCustomOp*, size_t) { return 0; }
+int variadic_zero(const OrtCustomOp*) { return 0; }
+const char* op_name(const OrtCustomOp*) { return "Attention"; }
+const char* cpu_provider(const OrtCustomOp*) { return nullptr; }
+
+OrtStatus* error(const std::string& what) { return make_status(kOrtInvalidArgument, "edge.Attention: " + what); }
+
+// An optional attribute: `fallback` when absent.
+template <typename T, typename Get>
+T optional_attr(Get get, const OrtKernelInfo* info, const char* name, T fallback) {
+  T value = fallback;
+  if (OrtStatus* st = get(info, name, &value)) {
+    g_ort.ReleaseStatus(st);
+    return fallback;
+  }
+  return value;
+}
+
+OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
+  auto* k = new AttentionKernel();
+  k->H = optional_attr<int64_t>(g_ort.KernelInfoGetAttribute_int64, info, "num_heads", 0);
+  k->KV = optional_attr<int64_t>(g_ort.KernelInfoGetAttribute_int64, info, "kv_num_heads", 0);
+  k->scale = optional_attr<float>(g_ort.KernelInfoGetAttribute_float, info, "scale", 0.0f);
+  const int64_t rotary = optional_attr<int64_t>(g_ort.KernelInfoGetAttribute_int64, info, "do_rotary", 1);
+  const int64_t window = optional_attr<int64_t>(g_ort.KernelInfoGetAttribute_int64, info, "local_window_size", -1);
+  const float softcap = optional_attr<float>(g_ort.KernelInfoGetAttribute_float, info, "softcap", 0.0f);
+  std::string err;
+  if (k->H <= 0 || k->KV <= 0 || k->H % k->KV != 0)
+    err = "num_heads and kv_num_heads must be positive, num_heads a multiple of kv_num_heads";
+  else if (rotary != 1) err = "only do_rotary=1 is implemented";
+  else if (window > 0) err = "local_window_size (sliding-window layers) is not implemented; export with GroupQueryAttention";
+  else if (softcap != 0.0f) err = "softcap is not implemented; export with GroupQueryAttention";
+  if (!err.empty()) {
+    delete k;
+    return error(err);
+  }
+  *kernel = k;
+  return nullptr;
+}
+
+void* create_kernel_v1(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info) {
+  void* kernel = nullptr;
+  OrtStatus* st = create_kernel(op, api, info, &kernel);
+  if (st != nullptr) g_ort.ReleaseStatus(st);
+  return kernel;
+}
+
+void destroy_kernel(void* kernel) { delete static_cast<AttentionKernel*>(kernel); }
+
+std::string shape_text(const std::vector<int64_t>& dims) {
+  std::string out = "(";
+  for (size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
+  return out + ")";
+}
+
+// Check the inputs against each other and fill everything but the cache and output pointers.
+std::string bind(const AttentionKernel& k, const TensorView* in, AttentionArgs& a) {
+  for (size_t i : {0, 3, 4, 7, 8})
+    if (in[i].type != kOrtFloat) return "input " + std::to_string(i) + " must be float32";
+  if (in[5].type != kOrtInt32 || in[6].type != kOrtInt32) return "seqlens_k and total_sequence_length must be int32";
+  if (in[9].type != kOrtInt64) return "position_ids must be int64";
+  const TensorView& past = in[3];
+  if (past.dims.size() != 4 || past.dims[0] != 1 || past.dims[1] != k.KV || in[4].dims != past.dims)
+    return "past_key and past_value must both be (1, kv_num_heads, L, head_dim), got " + shape_text(past.dims);
+  a.H = k.H;
+  a.KV = k.KV;
+  a.L = past.dims[2];
+  a.D = past.dims[3];
+  if (a.D % 2 != 0) return "head_dim must be even for rotary embedding";
+  const TensorView& q = in[0];
+  if (q.dims.size() != 3 || q.dims[0] != 1) return "query must be (1, S, hidden), batch 1, got " + shape_text(q.dims);
+  a.S = q.dims[1];
+  const bool packed = in[1].value == nullptr;
+  if (packed != (in[2].value == nullptr)) return "key and value must be given together (or both packed in query)";
+  const int64_t q_width = packed ? (a.H + 2 * a.KV) * a.D : a.H * a.D;
+  if (q.dims[2] != q_width) return "query's last dimension must be " + std::to_string(q_width) + ", got " + shape_text(q.dims);
+  a.q = static_cast<const float*>(q.data);
+  a.q_stride = q_width;
+  if (packed) {
+    a.k = a.q + a.H * a.D;
+    a.v = a.k + a.KV * a.D;
+    a.kv_stride = q_width;
+  } else {
+    const std::vector<int64_t> want{1, a.S, a.KV * a.D};
+    if (in[1].dims != want || in[2].dims != want) return "key and value must be " + shape_text(want);
+    if (in[1].type != kOrtFloat || in[2].type != kOrtFloat) return "key and value must be float32";
+    a.k = static_cast<const float*>(in[1].data);
+    a.v = static_cast<const float*>(in[2].data);
+    a.kv_stride = a.KV * a.D;
+  }
+  if (in[6].count != 1 || in[5].count != 1) return "seqlens_k and total_sequence_length must hold one value (batch 1)";
+  const int64_t total = *static_cast<const int32_t*>(in[6].data);
+  if (*static_cast<const int32_t*>(in[5].data) != total - 1) return "seqlens_k must be total_sequence_length - 1";
+  a.P = total - a.S;
+  if (a.P < 0 || total > a.L)
+    return "total_sequence_length " + std::to_string(total) + " must be in [S, L] for S=" + std::to_string(a.S) +
+           " new rows and a cache of L=" + std::to_string(a.L);
+  if (in[7].dims.size() != 2 || in[7].dims[1] != a.D / 2 || in[8].dims != in[7].dims)
+    return "cos_cache and sin_cache must be (positions, head_dim / 2), got " + shape_text(in[7].dims);
+  a.cos = static_cast<const float*>(in[7].data);
+  a.sin = static_cast<const float*>(in[8].data);
+  a.rope_rows = in[7].dims[0];
+  if (in[9].count != a.S) return "position_ids must hold S=" + std::to_string(a.S) + " positions";
+  a.positions = static_cast<const int64_t*>(in[9].data);
+  for (int64_t s = 0; s < a.S; ++s)
+    if (a.positions[s] < 0 || a.positions[s] >= a.rope_rows)
+      return "position " + std::to_string(a.positions[s]) + " is outside the rotary cache of " +
+             std::to_string(a.rope_rows);
+  if (in[10].value != nullptr) {
+    if (in[10].type != kOrtFloat || in[10].count != a.S * total)
+      return "attention_bias must be float32 (1, 1, S, total_sequence_length)";
+    a.bias = static_cast<const float*>(in[10].data);
+  }
+  a.scale = k.scale != 0.0f ? k.scale : 1.0f / std::sqrt(static_cast<float>(a.D));
+  return "";
+}
+
+// present = past with the S new rows (keys rotated) written at P .. P+S-1.
+OrtStatus* write_cache(OrtKernelContext* ctx, const TensorView* in, AttentionArgs& a) {
+  float* present[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i) {
+    OrtValue* out = nullptr;
+    if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 1 + i, in[3].dims.data(), 4, &out)) return st;
+    void* data = nullptr;
+    if (OrtStatus* st = g_ort.GetTensorMutableData(out, &data)) return st;
+    present[i] = static_cast<float*>(data);
+    const auto* past = static_cast<const float*>(in[3 + i].data);
+    if (present[i] != past)  // not bound in place: carry the past over
+      for (int64_t g = 0; g < a.KV; ++g)
+        std::memcpy(present[i] + g * a.L * a.D, past + g * a.L * a.D, sizeof(float) * a.P * a.D);
+  }
+  a.kcache = present[0];
+  a.vcache = present[1];
+  const int64_t half = a.D / 2;
+  for (int64_t s = 0; s < a.S; ++s) {
+    const int64_t pos = a.positions[s];
+    for (int64_t g = 0; g < a.KV; ++g) {
+      float* key = a.kcache + (g * a.L + a.P + s) * a.D;
+      rotate_half(a.k + s * a.kv_stride + g * a.D, a.cos + pos * half, a.sin + pos * half, half, key);
+      std::memcpy(a.vcache + (g * a.L + a.P + s) * a.D, a.v + s * a.kv_stride + g * a.D, sizeof(float) * a.D);
+    }
+  }
+  return nullptr;
+}
+
+struct Job {
+  const AttentionArgs* args;
+  AttendFn fn;
+  int64_t tasks, chunks;
+};
+
+// Contiguous ranges of (row, head) tasks; a task's result never depends on which thread runs it.
+void run_chunk(void* user, size_t index) {
+  const auto* job = static_cast<const Job*>(user);
+  const AttentionArgs& a = *job->args;
+  thread_local std::vector<float> scores;
+  scores.resize(static_cast<size_t>(a.P + a.S));
+  const int64_t i = static_cast<int64_t>(index);
+  for (int64_t t = job->tasks * i / job->chunks; t < job->tasks * (i + 1) / job->chunks; ++t)
+    job->fn(a, t / a.H, t % a.H, scores.data());
+}
+
+OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
+  const auto* k = static_cast<const AttentionKernel*>(kernel);
+  size_t count = 0;
+  if (OrtStatus* st = g_ort.KernelContext_GetInputCount(ctx, &count)) return st;
+  TensorView in[kInputs];
+  for (size_t i = 0; i < kInputs; ++i)
+    if (OrtStatus* st = view_input(ctx, i, count, &in[i])) return st;
+  AttentionArgs a;
+  if (std::string err = bind(*k, in, a); !err.empty()) return error(err);
+  const int64_t out_dims[3] = {1, a.S, a.H * a.D};
+  OrtValue* out = nullptr;
+  if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 0, out_dims, 3, &out)) return st;
+  void* data = nullptr;
+  if (OrtStatus* st = g_ort.GetTensorMutableData(out, &data)) return st;
+  a.out = static_cast<float*>(data);
+  if (OrtStatus* st = write_cache(ctx, in, a)) return st;
+  if (a.S == 0) return nullptr;
+  Job job{&a, select_attend_fn(a.D), a.S * a.H, 1};
+  const int64_t work = a.H * a.S * (a.P + a.S) * a.D;  // multiply-adds of the scores
+  if (work >= (int64_t{1} << 15)) job.chunks = std::min<int64_t>(job.tasks, 64);
+  if (job.chunks == 1) {
+    run_chunk(&job, 0);
+    return nullptr;
+  }
+  return g_ort.KernelContext_ParallelFor(ctx, run_chunk, static_cast<size_t>(job.chunks), 0, &job);
+}
+
+void compute_v1(void* kernel, OrtKernelContext* ctx) {
+  if (OrtStatus* st = compute(kernel, ctx)) g_ort.ReleaseStatus(st);
+}
+
+OrtCustomOp make_op() {
+  OrtCustomOp op;
+  std::memset(&op, 0, sizeof op);
+  op.version = kEdgeOrtApiVersion;
+  op.CreateKernel = create_kernel_v1;
+  op.GetName = op_name;
+  op.GetExecutionProviderType = cpu_provider;
+  op.GetInputType = input_type;
+  op.GetInputTypeCount = input_count;
+  op.GetOutputType = output_type;
+  op.GetOutputTypeCount = output_count;
+  op.KernelCompute = compute_v1;
+  op.KernelDestroy = destroy_kernel;
+  op.GetInputCharacteristic = input_characteristic;
+  op.GetOutputCharacteristic = output_characteristic;
+  op.GetInputMemoryType = memory_type_default;
+  op.GetVariadicInputMinArity = variadic_zero;
+  op.GetVariadicInputHomogeneity = variadic_zero;
+  op.GetVariadicOutputMinArity = variadic_zero;
+  op.GetVariadicOutputHomogeneity = variadic_zero;
+  op.CreateKernelV2 = create_kernel;
+  op.KernelComputeV2 = compute;
+  return op;
+}
+
+OrtCustomOp g_op = make_op();  // ORT keeps the pointer for the life of every session
+
+}  // namespace
+
+const OrtCustomOp* cpu_attention_op() { return &g_op; }
+
+}  // namespace edge

@@ -1,0 +1,213 @@
+"""edge.Attention: GroupQueryAttention's contract, with rows that do not depend on how many share the call."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import edge.kernels as ek
+from edge.kernels.graph import attention_model
+from edge.model import MASKED
+from kernels_util import ensure_library
+
+H, KV, D, L = 6, 2, 32, 96  # three query heads per kv head, as in SmolLM2 (9/3)
+SCALE = D ** -0.5
+
+
+class Attention:
+    """One session of the one-node model; the cache is a pair of numpy arrays bound as past and present at once,
+    as the runtime binds its KV cache (in place), unless in_place=False."""
+
+    def __init__(self, packed: bool = True, bias: bool = True, stock: bool = False, threads: int = 2,
+                 in_place: bool = True):
+        ensure_library()
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        ek.register(so)
+        model = attention_model(H, KV, D, packed=packed, bias=bias, stock=stock, scale=SCALE)
+        self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.packed, self.bias, self.in_place = packed, bias, in_place
+        rng = np.random.default_rng(1)
+        angles = np.outer(np.arange(256), 1.0 / 10000 ** (np.arange(0, D, 2) / D))
+        self.cos, self.sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        self.cache = [rng.standard_normal((1, KV, L, D)).astype(np.float32) for _ in range(2)]
+
+    def __call__(self, q, k, v, past: int, positions, bias=None) -> np.ndarray:
+        s = q.shape[0]
+        feeds = {"seqlens_k": np.array([past + s - 1], np.int32), "total_sequence_length": np.array(past + s, np.int32),
+                 "cos_cache": self.cos, "sin_cache": self.sin,
+                 "position_ids": np.asarray(positions, np.int64).reshape(1, s)}
+        if self.packed:
+            feeds["query"] = np.concatenate([q, k, v], axis=1)[None]
+        else:
+            feeds.update(query=q[None], key=k[None], value=v[None])
+        if self.bias:
+            feeds["attention_bias"] = (np.zeros((1, 1, s, past + s), np.float32) if bias is None else bias)
+        io = self.sess.io_binding()
+        for name, value in feeds.items():
+            io.bind_cpu_input(name, np.ascontiguousarray(value))
+        out = np.full((1, s, H * D), np.nan, np.float32)
+        io.bind_output("output", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.cache]
+        for kind, value in zip(("key", "value"), values):
+            io.bind_ortvalue_input(f"past_{kind}", value)
+            if self.in_place:
+                io.bind_ortvalue_output(f"present_{kind}", value)
+            else:
+                io.bind_output(f"present_{kind}")
+        self.sess.run_with_iobinding(io)
+        if not self.in_place:
+            self.cache = [a.numpy() for a in io.get_outputs()[1:]]
+        return out[0]
+
+
+def rotate(x, positions, cos, sin):
+    half = x.shape[-1] // 2
+    c, s = cos[positions][:, None].astype(np.float64), sin[positions][:, None].astype(np.float64)
+    a, b = x[..., :half].astype(np.float64), x[..., half:].astype(np.float64)
+    return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
+
+
+def reference(att: Attention, cache_before, q, k, v, past, positions, bias=None):
+    """float64: rotary on q and k, causal softmax over the past and the new rows (plus the bias), weighted values."""
+    s = q.shape[0]
+    pos = np.asarray(positions)
+    keys = cache_before[0][0, :, :past].astype(np.float64)
+    vals = cache_before[1][0, :, :past].astype(np.float64)
+    k_new = rotate(k.reshape(s, KV, D), pos, att.cos, att.sin).transpose(1, 0, 2)
+    keys = np.concatenate([keys, k_new], axis=1)
+    vals = np.concatenate([vals, v.reshape(s, KV, D).transpose(1, 0, 2).astype(np.float64)], axis=1)
+    qr = rotate(q.reshape(s, H, D), pos, att.cos, att.sin)
+    out = np.zeros((s, H, D))
+    for i in range(s):
+        for h in range(H):
+            g = h // (H // KV)
+            scores = keys[g, :past + i + 1] @ qr[i, h] * SCALE
+            if bias is not None:
+                scores = scores + bias[0, 0, i, :past + i + 1]
+            p = np.exp(scores - scores.max())
+            out[i, h] = p @ vals[g, :past + i + 1] / p.sum()
+    return out.reshape(s, H * D), keys, vals
+
+
+def rows(rng, s):
+    return (rng.standard_normal((s, H * D)).astype(np.float32), rng.standard_normal((s, KV * D)).astype(np.float32),
+            rng.standard_normal((s, KV * D)).astype(np.float32))
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("past,s", [(0, 1), (0, 9), (37, 1), (37, 7), (60, 33)])
+def test_matches_float64_reference_and_writes_the_cache_in_place(packed, past, s):
+    att = Attention(packed=packed)
+    rng = np.random.default_rng(past * 100 + s)
+    q, k, v = rows(rng, s)
+    before = [a.copy() for a in att.cache]
+    positions = np.arange(past, past + s)
+    out = att(q, k, v, past, positions)
+    ref, keys, vals = reference(att, before, q, k, v, past, positions)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(att.cache[0][0, :, :past + s], keys, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(att.cache[1][0, :, past:past + s], v.reshape(s, KV, D).transpose(1, 0, 2))
+    np.testing.assert_array_equal(att.cache[0][:, :, past + s:], before[0][:, :, past + s:])  # nothing else touched
+
+
+def test_a_cache_not_bound_in_place_is_copied_then_written():
+    att = Attention(in_place=False)
+    q, k, v = rows(np.random.default_rng(3), 4)
+    before = [a.copy() for a in att.cache]
+    out = att(q, k, v, 20, np.arange(20, 24))
+    ref, keys, _ = reference(att, before, q, k, v, 20, np.arange(20, 24))
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(att.cache[0][0, :, :24], keys, rtol=0, atol=1e-6)
+
+
+def test_close_to_group_query_attention():
+    """The same wiring as the stock op the exporter replaces: equal up to float rounding (sum order)."""
+    rng = np.random.default_rng(5)
+    q, k, v = rows(rng, 6)
+    bias = np.zeros((1, 1, 6, 46), np.float32)
+    bias[0, 0, 3, 42] = MASKED  # a tree row that does not see an earlier node
+    outs, caches = [], []
+    for stock in (False, True):
+        att = Attention(stock=stock)
+        outs.append(att(q, k, v, 40, np.arange(40, 46), bias))
+        caches.append(att.cache)
+    np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(caches[0][0], caches[1][0], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(caches[0][1], caches[1][1])
+
+
+def test_each_row_of_a_chain_equals_the_row_decoded_alone():
+    """Bitwise: a verify call over S tokens computes what S one-token steps compute."""
+    rng = np.random.default_rng(7)
+    q, k, v = rows(rng, 9)
+    together = Attention()
+    alone = Attention()
+    out = together(q, k, v, 50, np.arange(50, 59))
+    for i in range(9):
+        row = alone(q[i:i + 1], k[i:i + 1], v[i:i + 1], 50 + i, [50 + i])
+        np.testing.assert_array_equal(out[i], row[0], err_msg=f"row {i}")
+    np.testing.assert_array_equal(together.cache[0], alone.cache[0])
+    np.testing.assert_array_equal(together.cache[1], alone.cache[1])
+
+
+def test_a_tree_row_equals_its_path_decoded_alone_after_compaction():
+    """Nodes of a draft tree attend to the past and their ancestors (the bias masks the rest, by index order); the
+    accepted path, decoded one token at a time into a compacted cache, must give its rows bit for bit."""
+    parents = [-1, 0, 0, 1, 2, 4, 2]  # flattened: node 0 is the root
+    depth = [0]
+    for p in parents[1:]:
+        depth.append(depth[p] + 1)
+    n, past = len(parents), 44
+    bias = np.full((1, 1, n, past + n), MASKED, np.float32)
+    bias[..., :past] = 0
+    for i in range(n):
+        j = i
+        while j >= 0:
+            bias[0, 0, i, past + j] = 0
+            j = parents[j]
+    rng = np.random.default_rng(11)
+    q, k, v = rows(rng, n)
+    tree = Attention()
+    start = [a.copy() for a in tree.cache]
+    out = tree(q, k, v, past, past + np.array(depth), bias)
+    path = [0, 2, 4, 5]
+    alone = Attention()
+    alone.cache = start
+    for step, node in enumerate(path):
+        row = alone(q[node:node + 1], k[node:node + 1], v[node:node + 1], past + step, [past + step])
+        np.testing.assert_array_equal(out[node], row[0], err_msg=f"node {node}")
+    compacted = tree.cache[0][:, :, [*range(past), *(past + np.array(path))]]
+    np.testing.assert_array_equal(compacted, alone.cache[0][:, :, :past + len(path)])
+
+
+def test_unsupported_attributes_and_bad_inputs_are_clear_errors():
+    ensure_library()
+    model = attention_model(H, KV, D)
+    model.graph.node[0].attribute.append(__import__("onnx").helper.make_attribute("local_window_size", 16))
+    so = ort.SessionOptions()
+    ek.register(so)
+    with pytest.raises(Exception, match="local_window_size"):
+        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    att = Attention()
+    q, k, v = rows(np.random.default_rng(0), 2)
+    with pytest.raises(Exception, match="total_sequence_length 97 must be in"):
+        att(q, k, v, 95, [95, 96])
+    with pytest.raises(Exception, match="outside the rotary cache"):
+        att(q, k, v, 10, [10, 400])
+
+
+@pytest.mark.skipif(os.environ.get("EDGE_KERNELS_ISA") == "portable", reason="already the portable kernel")
+def test_the_portable_kernel_passes_the_same_tests():
+    """The kernel choice is made once per process: run this file again on the portable kernel."""
+    env = {**os.environ, "EDGE_KERNELS_ISA": "portable"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                         env=env, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
