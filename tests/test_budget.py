@@ -250,8 +250,11 @@ import numpy as np, onnx, onnxruntime as ort, psutil, tokenizers
 import edge.engine, edge.paging  # the runtime's imports, as RUNTIME_OVERHEAD_BYTES counts them
 pkg, L, S = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 so = ort.SessionOptions(); so.intra_op_num_threads = 2
+manifest = json.load(open(pkg + '/manifest.json'))
+if manifest['graph'].get('custom_ops'):
+    import edge.kernels; edge.kernels.register(so)
 session = ort.InferenceSession(pkg + '/model.onnx', so, providers=['CPUExecutionProvider'])
-cfg = json.load(open(pkg + '/manifest.json'))['config']
+cfg = manifest['config']
 feeds = {'input_ids': np.arange(S, dtype=np.int64)[None] + 100, 'position_ids': np.arange(S, dtype=np.int64)[None],
          'seqlens_k': np.array([S - 1], np.int32), 'total_sequence_length': np.array(S, np.int32),
          'logits_index': np.array([S - 1], np.int64)}
@@ -267,17 +270,19 @@ print(psutil.Process().memory_info().rss)
 
 
 @pytest.mark.slow
-def test_prediction_is_within_10_percent_of_measured_rss():
-    """One 16-token step of the real default package (int4) with 256-token caches, run by ORT in a fresh process."""
+@pytest.mark.parametrize("quant", ["int4", "int4-edge"])
+def test_prediction_is_within_10_percent_of_measured_rss(quant):
+    """One 16-token step of the real default package (int4, on stock ops and on edge's kernels) with 256-token
+    caches, run by ORT in a fresh process."""
     import subprocess
     import sys
 
     from edge.default_model import default_package
 
-    package = default_package("int4")
+    package = default_package(quant)
     spec = ModelSpec.from_package(package)
     assert spec.quant == "int4"
-    assert estimate_layout(spec.config, "int4").total == pytest.approx(spec.weight_bytes, rel=0.02)
+    assert estimate_layout(spec.config, "int4", kernels=spec.kernels).total == pytest.approx(spec.weight_bytes, rel=0.02)
     out = subprocess.run([sys.executable, "-c", MEASURE_ONE_STEP, str(package), "256", "16"], capture_output=True,
                          text=True, check=True, timeout=300)
     measured = int(out.stdout.strip().splitlines()[-1])
@@ -290,7 +295,7 @@ STEP_SIZES = (1, 16, 128, 512)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quant", ["int4", "fp32"])
+@pytest.mark.parametrize("quant", ["int4", "int4-edge", "fp32"])
 def test_each_term_is_within_10_percent_of_measured(quant):
     """The real default package run by edge's Decoder (IOBinding, KV in place) in a fresh process: RSS after the
     session is created (weights, prepack and runtime), after the KV cache and a logits row are written (session and
@@ -311,13 +316,22 @@ def test_each_term_is_within_10_percent_of_measured(quant):
     assert load == pytest.approx(measured["session"], rel=0.10)
     row = est.logits  # one row of the target's logits, the probe's whole use of the logits buffer
     assert load + est.kv_target + row == pytest.approx(measured["buffers"], rel=0.10)
+    # weights the sessions left untouched (edge.QMatMul's, memory-mapped) are read in by the first step
+    in_sessions = est.load_peak - est.overhead - est.tokenizer - est.weights_draft - est.prepack
+    untouched = est.weights_target - in_sessions
     for tokens, step, anon in zip(STEP_SIZES, measured["steps"], measured["steps_anon"]):
-        predicted = activation_bytes(spec.config, tokens, context, int8_activations=spec.int8_activations)
+        predicted = activation_bytes(spec.config, tokens, context, int8_activations=spec.int8_activations,
+                                     edge_attention=spec.edge_attention)
         # the arena's share (anonymous memory) within 10%, with half a MiB of slack for the small steps (S <= 16,
-        # whose share is 0.1-1.3 MiB); the kernels' code pages that the first step touches: at most STEP_FIXED_BYTES
-        assert predicted - STEP_FIXED_BYTES == pytest.approx(anon, rel=0.10, abs=512 * KiB), \
-            f"{quant} S={tokens}: {predicted - STEP_FIXED_BYTES} vs {anon}"
-        assert step - anon < 1.1 * STEP_FIXED_BYTES
+        # whose share is 0.1-1.3 MiB); the kernels' code pages that the first step touches: at most STEP_FIXED_BYTES.
+        # edge's kernels: never under, at most 50% over (their arena use per token falls from ~52 KB at S <= 64 to
+        # ~41 KB at S >= 128, which the stock ops' growth factor does not model; the planner keeps the margin)
+        arena = predicted - STEP_FIXED_BYTES
+        if spec.kernels == "edge":
+            assert anon - 512 * KiB <= arena <= 1.5 * anon + 512 * KiB, f"{quant} S={tokens}: {arena} vs {anon}"
+        else:
+            assert arena == pytest.approx(anon, rel=0.10, abs=512 * KiB), f"{quant} S={tokens}: {arena} vs {anon}"
+        assert abs(step - anon - untouched) < 1.1 * STEP_FIXED_BYTES + 0.1 * untouched  # RSS over 'buffers'
 
 
 def paged_manifest(config: ModelConfig, layer: int, head: int, table: list[dict], quantization: dict,
