@@ -81,3 +81,25 @@ def test_greedy_speculation_equals_plain_greedy_on_20_prompts(setup, kind):
     differing = [i for i, (a, b) in enumerate(zip(got, expected)) if a[:2] != b[:2]]
     assert not differing, f"{kind}: output differs from plain greedy on prompts {differing}"
     assert accepted > 0
+
+
+@pytest.mark.parametrize("kind", ["prompt-lookup", "recycling"])
+def test_the_default_int4_package_on_edge_kernels_is_exact_too(kind):
+    """int4 with int8 activations (edge.QMatMul level 4) and edge.Attention: every verify row is bitwise a one-token
+    step's, so speculation is lossless on quantized weights (on stock MatMulNBits + GroupQueryAttention near-ties
+    flip). Fixed depths: every step drafts, so every step is a multi-token verify call."""
+    from edge.default_model import default_package
+    from edge.engine import Engine
+    from edge.kernels import library_path
+    from edge.package import load_package
+    from edge.speculative import make_speculator
+
+    if library_path() is None:
+        pytest.skip("kernel library not built")
+    engine = Engine(load_package(default_package("int4-edge"), verify=False), threads=2)
+    expected = [generated_ids(engine, p) for p in PROMPTS]
+    engine.speculator = make_speculator(kind, engine, draft_length=4 if kind == "prompt-lookup" else 2)
+    got = [generated_ids(engine, p) for p in PROMPTS]
+    differing = [i for i, (a, b) in enumerate(zip(got, expected)) if a[:2] != b[:2]]
+    assert not differing, f"{kind}: output differs from plain greedy on prompts {differing}"
+    assert sum(g[2] for g in got) > 0
