@@ -57,6 +57,7 @@ CATEGORIES = {
 CURVES: dict = {}
 SELF_DRAFTS: dict = {}
 MEMORY: dict = {}
+CEILINGS: dict = {}  # (target, category) -> prompt lookup's ceiling per prompt (lookup_ceiling)
 
 
 def skip_package(quant: str, threads: int):
@@ -79,14 +80,17 @@ def skip_package(quant: str, threads: int):
     return package
 
 
-EDGE_KERNEL_TARGETS = {"int4-edge": 0, "int4-edge-int8": 4}  # target name -> edge.QMatMul accuracy_level
+EDGE_KERNEL_TARGETS = {"int4-edge": 4, "int4-edge-acc0": 0}  # target name -> edge.QMatMul accuracy_level
 
 
 def edge_kernel_package(level: int):
-    """The default model's int4 export through edge.QMatMul (made once in the edge cache)."""
-    from edge.default_model import cache_dir, default_gguf
+    """The default model's int4 export on edge's kernels: the default package (int8 activations), or float
+    activations (made once in the edge cache)."""
+    from edge.default_model import cache_dir, default_gguf, default_package
     from edge.export.pipeline import export_model
 
+    if level == 4:
+        return default_package("int4-edge")
     dest = cache_dir() / "models" / f"smollm2-135m-instruct-int4-edge-acc{level}"
     if not (dest / "manifest.json").exists():
         export_model(default_gguf(), dest, quant="int4", kernels="edge", accuracy_level=level, overwrite=True)
@@ -175,6 +179,28 @@ def first_difference(plain, spec):
     return min(len(a), len(b))
 
 
+def lookup_ceiling(ids: list[int], generated: int, curve, max_depth: int = 8) -> float:
+    """The most any prompt-lookup drafter could gain on this output with this cost curve: at every step it copies
+    from the earlier occurrence of the last token (any n-gram) whose continuation matches the output longest, and
+    drafts exactly the tokens that will be accepted (a perfect depth). Real drafters pick one occurrence and guess
+    the depth; this is what the package's output and verify costs leave them."""
+    prompt = len(ids) - generated
+    pos, seconds = 0, 0.0
+    while pos < generated - 1:
+        context, end = ids[:prompt + pos + 1], prompt + generated
+        best = 0
+        for j in range(len(context) - 1):
+            if context[j] != context[-1]:
+                continue
+            k = 0
+            while k < max_depth and prompt + pos + 1 + k < end and ids[j + 1 + k] == ids[prompt + pos + 1 + k]:
+                k += 1
+            best = max(best, k)
+        seconds += curve(1 + best)
+        pos += best + 1
+    return (generated - 1) * curve(1) / seconds if seconds else 1.0
+
+
 def modelled_ratio(spec, curve) -> float:
     """Speed over plain decoding predicted from the measured cost curve and this run's calls (verify cost only):
     immune to the neighbours' load, which the measured ratio is not."""
@@ -220,6 +246,7 @@ def bench_target(target, packages, args, rows, ties):
                     results[name].append(run_once(engine, messages, args.tokens))
             engine.speculator = None
             plain = results["plain"][0]
+            CEILINGS.setdefault((target, category), []).append(lookup_ceiling(plain["ids"], plain["n"], curve))
             plain_tps = statistics.median(r["n"] / r["seconds"] for r in results["plain"])
             for name, runs in results.items():
                 tps = statistics.median(r["n"] / r["seconds"] for r in runs)
@@ -277,6 +304,14 @@ def table(rows, ties, args) -> str:
                      f"{ratio:.2f} | {model:.2f} | {statistics.mean(acc) if acc else 0:.2f} | "
                      f"{statistics.mean(r['per_call'] for r in rs):.2f} | "
                      f"{sum(r['same'] for r in rs)}/{len(rs)} |")
+    lines += ["", "Prompt lookup's ceiling: the speed-up a lookup drafter would reach copying, at every step, from the "
+              "earlier occurrence that matches the plain output longest and drafting exactly the tokens that pass "
+              "(geometric mean over the prompts; from each plain output and the target's cost curve):", "",
+              "| target | " + " | ".join(args.categories) + " |", "|---|" + "---|" * len(args.categories)]
+    for target in dict.fromkeys(t for t, _ in CEILINGS):
+        cells = [math.exp(statistics.mean(math.log(c) for c in CEILINGS[target, cat])) if (target, cat) in CEILINGS
+                 else float("nan") for cat in args.categories]
+        lines.append(f"| {target} | " + " | ".join(f"{c:.2f}x" for c in cells) + " |")
     lines += ["", "Where speculative output differed from plain greedy: first differing generated token and the "
               "target's top-2 logit gap there (plain decoding's logits).", ""]
     if not ties:
@@ -288,8 +323,10 @@ def table(rows, ties, args) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--targets", nargs="+", default=["fp32", "int4"], choices=["fp32", "int4", *EDGE_KERNEL_TARGETS],
-                    help="int4-edge / int4-edge-int8: int4 through edge.QMatMul, float / int8 activations")
+    ap.add_argument("--targets", nargs="+", default=["fp32", "int4", "int4-edge"],
+                    choices=["fp32", "int4", *EDGE_KERNEL_TARGETS],
+                    help="int4: stock ops; int4-edge (the default model where the kernels are built) / int4-edge-acc0: "
+                         "int4 on edge.QMatMul and edge.Attention, int8 / float activations")
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)

@@ -58,11 +58,14 @@ class CostCurve:
         return {s: t / self.seconds[0] for s, t in zip(self.sizes, self.seconds)}
 
     @classmethod
-    def measure(cls, decoder: Decoder, sizes: tuple[int, ...] = SIZES, past: int = 128, repeats: int = 5) -> CostCurve:
+    def measure(cls, decoder: Decoder, sizes: tuple[int, ...] = SIZES, past: int = 128, repeats: int = 9) -> CostCurve:
         """Time steps of each size on top of a past of >= `past` tokens; the cache content is left as it was.
 
-        Also compares each multi-token step's logits with 1-token steps over the same tokens: the largest
-        difference is how far a verify row may be from what plain decoding computes.
+        Sizes take turns, so a burst of load from elsewhere slows all of them rather than bending the curve
+        (measured with each size timed in a block: the same package's S=1 step came out 8.1 and 9.6 ms in two
+        runs, and its S=2/S=1 ratio 1.13 and 1.29). Also compares each multi-token step's logits with 1-token
+        steps over the same tokens: the largest difference is how far a verify row may be from what plain
+        decoding computes.
         """
         sizes = tuple(s for s in sizes if s <= decoder.max_rows) or (1,)  # a planned decoder may score fewer rows
         cache, length = decoder.cache, decoder.cache.length
@@ -76,16 +79,18 @@ class CostCurve:
         probe = [(7 * i + 11) % decoder.config.vocab_size for i in range(max(sizes))]
         single = np.stack([decoder.step([t])[0].copy() for t in probe])
         cache.trim(base)
-        seconds, deviation = [], 0.0
-        for size in sizes:
-            times = []
-            for _ in range(repeats + 1):  # the first run of a size warms its buffers
+        times: dict[int, list[float]] = {size: [] for size in sizes}
+        deviation = 0.0
+        for rep in range(repeats + 1):  # the first round warms each size's buffers
+            for size in sizes:
                 start = time.perf_counter()
                 rows = decoder.step(probe[:size], logits_rows=list(range(size)))
-                times.append(time.perf_counter() - start)
+                if rep:
+                    times[size].append(time.perf_counter() - start)
+                else:
+                    deviation = max(deviation, float(np.abs(rows - single[:size]).max()))
                 cache.trim(base)
-            deviation = max(deviation, float(np.abs(rows - single[:size]).max()))
-            seconds.append(float(np.median(times[1:])))
+        seconds = [float(np.median(times[size])) for size in sizes]
         for a, kept in zip(cache.arrays, saved):
             a[:, :, base:length] = kept
         cache.length = length
@@ -103,7 +108,7 @@ class CostCurve:
             if library is not None:
                 key += "-" + sha256_file(library)[:8]
         rows = max(s for s in SIZES if s <= decoder.max_rows) if decoder.max_rows > 1 else 1
-        path = cache_dir() / "speculative" / f"cost-v2-{key}-t{threads or 0}-r{rows}.json"
+        path = cache_dir() / "speculative" / f"cost-v3-{key}-t{threads or 0}-r{rows}.json"
         if path.exists():
             data = json.loads(path.read_text())
             return cls(tuple(data["sizes"]), tuple(data["seconds"]), data["deviation"])
