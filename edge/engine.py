@@ -229,6 +229,8 @@ class Engine:
     # -- the loop -----------------------------------------------------------------------------------------------
     def _run(self, ids: list[int], config: GenerationConfig) -> Iterator[str]:
         ids = self._fit_prompt(ids, config)
+        if self.speculator is not None:
+            self.speculator.prepare(self.decoder)  # a first use measures the cost curve: not part of any timing
         self.stats = stats = GenerationStats(prompt_tokens=len(ids))
         start = time.perf_counter()
         logits = self._feed_prompt(ids)

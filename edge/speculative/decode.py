@@ -61,6 +61,12 @@ class Speculator:
                                                    enabled=measured is None or measured >= 1, plain=self.plain)
         return self.policies[key]
 
+    def prepare(self, decoder: Decoder) -> None:
+        """Measure (or load) the package's cost curve now rather than inside the first generation: measuring takes
+        about a second once per package and machine, which a first run's tokens/s would otherwise include."""
+        if self.draft_length is None:
+            self._curve(decoder)
+
     def _curve(self, decoder: Decoder) -> CostCurve:
         if self.curve is None:
             self.curve = CostCurve.cached(decoder, self.threads)
