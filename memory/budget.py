@@ -563,7 +563,9 @@ def activation_bytes(config: ModelConfig, tokens: int, context: int, full_scores
     S=256 17.1 (+4.9%), S=512 30.4 (+8.4%). The same at L=8192 and with 1 thread. Gemma 3 270M int4 S=512, L=2048
     50.9 (45.8, -10%): its extra norms (q/k norms, post-attention and post-MLP norms) are not counted (an open gap).
     `edge_attention` (edge.Attention) makes no copies and no tiles: one row of scores per thread. SmolLM2-135M on
-    edge's kernels (level 4): S=128 5.1 MiB (+2.6%), S=512 21.0 (+1.4%) of the arena (anonymous) part.
+    edge's kernels (level 4), arena (anonymous) part measured against predicted: S=16 0.75 MiB (0.89), S=64 3.2
+    (3.5), S=128 4.8 (7.0), S=256 9.9 (14.0), S=512 21.0 (28.0): over, on the safe side, for S >= 128, where its
+    arena grows ~41 KB per token instead of ~52.
     """
     mlp = config.hidden_size + 4 * config.intermediate_size
     attention_copies = 0 if edge_attention else 2 * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
