@@ -1,4 +1,4 @@
-"""ONNX nodes and single-op models for edge.QMatMul (used by the exporter, the tests and the benchmark)."""
+"""ONNX nodes and single-op models for edge.QMatMul and edge.Attention (used by the exporter, tests and benchmarks)."""
 
 from __future__ import annotations
 
@@ -78,8 +78,8 @@ def attention_model(num_heads: int, kv_heads: int, head_dim: int, packed: bool =
               "seqlens_k": (i32, [1]), "total_sequence_length": (i32, []), "cos_cache": (f32, ["R", head_dim // 2]),
               "sin_cache": (f32, ["R", head_dim // 2]), "position_ids": (i64, [1, "S"]),
               "attention_bias": (f32, [1, 1, "S", "T"])}
-    names = [n if (packed is False or n not in ("key", "value")) and (bias or n != "attention_bias") else ""
-             for n in ATTENTION_INPUTS]
+    absent = ({"key", "value"} if packed else set()) | (set() if bias else {"attention_bias"})
+    names = ["" if n in absent else n for n in ATTENTION_INPUTS]
     while names[-1] == "":
         names.pop()
     attrs = dict(num_heads=num_heads, kv_num_heads=kv_heads, do_rotary=1, scale=scale or head_dim ** -0.5)

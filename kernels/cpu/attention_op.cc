@@ -1,6 +1,6 @@
 // edge.Attention's inputs, checks and work split. Inputs and outputs are GroupQueryAttention's, in its order, so
 // the exporter swaps the op type and keeps the wiring (attributes num_heads, kv_num_heads, scale; do_rotary must be
-// 1, no sliding window, no softcap):
+// 1, rotary halves not interleaved, no sliding window, no softcap):
 //   0 query  float32 (1, S, (H + 2 KV) D) packed, or (1, S, H D) with 1 key and 2 value (1, S, KV D)
 //   3 past_key, 4 past_value  float32 (1, KV, L, D)   5 seqlens_k int32 (1,) = P + S - 1
 //   6 total_sequence_length int32 scalar = P + S      7 cos_cache, 8 sin_cache float32 (positions, D / 2)
@@ -69,10 +69,11 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
   const int64_t rotary = optional_attr<int64_t>(g_ort.KernelInfoGetAttribute_int64, info, "do_rotary", 1);
   const int64_t window = optional_attr<int64_t>(g_ort.KernelInfoGetAttribute_int64, info, "local_window_size", -1);
   const float softcap = optional_attr<float>(g_ort.KernelInfoGetAttribute_float, info, "softcap", 0.0f);
+  const int64_t interleaved = optional_attr<int64_t>(g_ort.KernelInfoGetAttribute_int64, info, "rotary_interleaved", 0);
   std::string err;
   if (k->H <= 0 || k->KV <= 0 || k->H % k->KV != 0)
     err = "num_heads and kv_num_heads must be positive, num_heads a multiple of kv_num_heads";
-  else if (rotary != 1) err = "only do_rotary=1 is implemented";
+  else if (rotary != 1 || interleaved != 0) err = "only do_rotary=1 with rotary_interleaved=0 is implemented";
   else if (window > 0) err = "local_window_size (sliding-window layers) is not implemented; export with GroupQueryAttention";
   else if (softcap != 0.0f) err = "softcap is not implemented; export with GroupQueryAttention";
   if (!err.empty()) {

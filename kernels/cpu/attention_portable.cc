@@ -11,7 +11,9 @@ namespace edge {
 void attend_portable(const AttentionArgs& a, int64_t s, int64_t h, float* scores) {
   const int64_t D = a.D, half = D / 2, n = a.P + s + 1;  // causal: keys 0 .. P+s
   const int64_t pos = a.positions[s];
-  std::vector<float> q(static_cast<size_t>(D)), acc(static_cast<size_t>(D), 0.0f);
+  thread_local std::vector<float> q, acc;
+  q.resize(static_cast<size_t>(D));
+  acc.assign(static_cast<size_t>(D), 0.0f);
   rotate_half(a.q + s * a.q_stride + h * D, a.cos + pos * half, a.sin + pos * half, half, q.data());
   const int64_t g = h / (a.H / a.KV);
   const float* keys = a.kcache + g * a.L * D;
