@@ -1,4 +1,5 @@
-"""edge's own ONNX Runtime custom ops: edge.QMatMul (low-bit matmul with batch-invariant numerics).
+"""edge's own ONNX Runtime custom ops: edge.QMatMul (low-bit matmul) and edge.Attention (GroupQueryAttention's
+contract), both with batch-invariant numerics.
 
 library_path()/register() find and register the compiled library; pack()/quantize()/make_outliers() produce the
 weights of an edge.QMatMul node; dequantize()/reference() are its float64 reference.
