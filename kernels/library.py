@@ -49,10 +49,10 @@ def register(session_options: Any, cuda: bool = False) -> Path:
     path = library_path(cuda)
     if path is None:
         raise KernelLibraryError(
-            "this model uses edge's custom kernels (edge.QMatMul, edge.Attention) but the kernel library is not built. Install a C++ "
-            "compiler (Debian/Ubuntu: `apt-get install g++`) and reinstall edge (`pip install -e .`), or build it in "
-            "place with `python -m edge.kernels.build`; alternatively export the model with stock ops "
-            "(--kernels stock).")
+            "this model uses edge's custom kernels (edge.QMatMul, edge.Attention) but the kernel library is not "
+            "built. Install a C++ compiler (Debian/Ubuntu: `apt-get install g++`) and reinstall edge (`pip install "
+            "-e .`), or build it in place with `python -m edge.kernels.build`; alternatively export the model with "
+            "stock ops (--kernels stock).")
     try:
         session_options.register_custom_ops_library(str(path))
     except Exception as exc:  # onnxruntime raises its own Fail/RuntimeException types
