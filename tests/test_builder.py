@@ -111,10 +111,19 @@ def test_graph_interface_and_external_data(tmp_path):
     assert graph.ir_version <= 10
 
 
-def test_gemma3_logits_match_transformers(tmp_path):
-    """Gemma 3: sliding-window layers (window 8 < sequence), q/k norms, GELU, embedding scale, two rope bases."""
+@pytest.mark.parametrize("kernels", ["stock", "edge"])
+def test_gemma3_logits_match_transformers(tmp_path, kernels):
+    """Gemma 3: sliding-window layers (window 8 < sequence), q/k norms, GELU, embedding scale, two rope bases. With
+    edge's kernels the global layers run edge.Attention on separate (normalised) q, k, v and Gemma's query scale."""
+    if kernels == "edge":
+        from edge.kernels import library_path
+
+        if library_path() is None:
+            pytest.skip("kernel library not built")
     model, imported = tiny_gemma3(tmp_path)
-    decoder = make_decoder(tmp_path, imported)
+    decoder = make_decoder(tmp_path, imported, kernels=kernels)
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "pkg" / "model.onnx"), load_external_data=False).graph.node}
+    assert ("Attention" in ops) == (kernels == "edge") and "GroupQueryAttention" in ops  # sliding layers keep GQA
     ids = [int(t) for t in np.random.default_rng(0).integers(0, 96, 30)]
     ref = reference_logits(model, ids)
     assert max_rel_error(decoder.step(ids[:20], logits_rows=list(range(20))), ref[:20]) < 1e-4
