@@ -40,6 +40,23 @@ inline void rotate_half(const float* x, const float* cos, const float* sin, int6
   }
 }
 
+// What one (row, head) task reads and writes: the query rotated into `q` (head_dim floats), its kv head's keys and
+// values, its row of the bias (or null), the number of keys it sees (causal: 0 .. P+s) and its output slice.
+struct RowTask {
+  const float* keys;
+  const float* values;
+  const float* bias;
+  int64_t n;
+  float* out;
+};
+
+inline RowTask row_task(const AttentionArgs& a, int64_t s, int64_t h, float* q) {
+  const int64_t D = a.D, half = D / 2, pos = a.positions[s], g = h / (a.H / a.KV);
+  rotate_half(a.q + s * a.q_stride + h * D, a.cos + pos * half, a.sin + pos * half, half, q);
+  return {a.kcache + g * a.L * D, a.vcache + g * a.L * D, a.bias != nullptr ? a.bias + s * (a.P + a.S) : nullptr,
+          a.P + s + 1, a.out + s * a.H * D + h * D};
+}
+
 // One (row, head) task; `scratch` holds P + S floats (the row's scores).
 using AttendFn = void (*)(const AttentionArgs& a, int64_t s, int64_t h, float* scratch);
 void attend_portable(const AttentionArgs& a, int64_t s, int64_t h, float* scratch);

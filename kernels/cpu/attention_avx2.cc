@@ -54,18 +54,14 @@ __m256 exp_nonpositive(__m256 x) {
 }  // namespace
 
 void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h, float* scores) {
-  const int64_t D = a.D, half = D / 2, n = a.P + s + 1;  // causal: keys 0 .. P+s
-  const int64_t pos = a.positions[s];
+  const int64_t D = a.D;
   thread_local std::vector<float> q;
   q.resize(static_cast<size_t>(D));
-  rotate_half(a.q + s * a.q_stride + h * D, a.cos + pos * half, a.sin + pos * half, half, q.data());
-  const int64_t g = h / (a.H / a.KV);
-  const float* keys = a.kcache + g * a.L * D;
-  const float* values = a.vcache + g * a.L * D;
-  const float* bias = a.bias != nullptr ? a.bias + s * (a.P + a.S) : nullptr;
+  const RowTask r = row_task(a, s, h, q.data());
+  const int64_t n = r.n;
   float top = -INFINITY;
   for (int64_t t = 0; t < n; ++t) {
-    scores[t] = dot(q.data(), keys + t * D, D) * a.scale + (bias != nullptr ? bias[t] : 0.0f);
+    scores[t] = dot(q.data(), r.keys + t * D, D) * a.scale + (r.bias != nullptr ? r.bias[t] : 0.0f);
     top = std::max(top, scores[t]);
   }
   const __m256 shift = _mm256_set1_ps(top);
@@ -78,28 +74,27 @@ void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h, float* scores) {
     _mm256_store_ps(tail, exp_nonpositive(_mm256_sub_ps(_mm256_load_ps(tail), shift)));
     std::copy(tail, tail + (n - t), scores + t);
   }
-  float* out = a.out + s * a.H * D + h * D;
   int64_t d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) {  // 64 dims in 8 independent accumulators, keys in order
     __m256 acc[8];
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n; ++k) {
       const __m256 w = _mm256_set1_ps(scores[k]);
-      const float* row = values + k * D + d0;
+      const float* row = r.values + k * D + d0;
       for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * j), acc[j]);
     }
-    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + d0 + 8 * j, acc[j]);
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(r.out + d0 + 8 * j, acc[j]);
   }
   for (; d0 < D; d0 += 8) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t k = 0; k < n; ++k)
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[k]), _mm256_loadu_ps(values + k * D + d0), acc);
-    _mm256_storeu_ps(out + d0, acc);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[k]), _mm256_loadu_ps(r.values + k * D + d0), acc);
+    _mm256_storeu_ps(r.out + d0, acc);
   }
   float sum = 0.0f;
   for (int64_t k = 0; k < n; ++k) sum += scores[k];
   const __m256 inv = _mm256_set1_ps(1.0f / sum);
-  for (d0 = 0; d0 < D; d0 += 8) _mm256_storeu_ps(out + d0, _mm256_mul_ps(_mm256_loadu_ps(out + d0), inv));
+  for (d0 = 0; d0 < D; d0 += 8) _mm256_storeu_ps(r.out + d0, _mm256_mul_ps(_mm256_loadu_ps(r.out + d0), inv));
 }
 
 }  // namespace edge

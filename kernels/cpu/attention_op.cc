@@ -37,14 +37,10 @@ int input_type(const OrtCustomOp*, size_t index) {
   }
 }
 size_t input_count(const OrtCustomOp*) { return kInputs; }
-int output_type(const OrtCustomOp*, size_t) { return kOrtFloat; }
 size_t output_count(const OrtCustomOp*) { return 3; }
 int input_characteristic(const OrtCustomOp*, size_t index) {
   return index == 1 || index == 2 || index == 10 ? kOrtOptional : kOrtRequired;
 }
-int output_characteristic(const OrtCustomOp*, size_t) { return kOrtRequired; }
-int memory_type_default(const OrtCustomOp*, size_t) { return 0; }
-int variadic_zero(const OrtCustomOp*) { return 0; }
 const char* op_name(const OrtCustomOp*) { return "Attention"; }
 const char* cpu_provider(const OrtCustomOp*) { return nullptr; }
 
@@ -82,13 +78,6 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
   }
   *kernel = k;
   return nullptr;
-}
-
-void* create_kernel_v1(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info) {
-  void* kernel = nullptr;
-  OrtStatus* st = create_kernel(op, api, info, &kernel);
-  if (st != nullptr) g_ort.ReleaseStatus(st);
-  return kernel;
 }
 
 void destroy_kernel(void* kernel) { delete static_cast<AttentionKernel*>(kernel); }
@@ -237,32 +226,10 @@ void compute_v1(void* kernel, OrtKernelContext* ctx) {
   if (OrtStatus* st = compute(kernel, ctx)) g_ort.ReleaseStatus(st);
 }
 
-OrtCustomOp make_op() {
-  OrtCustomOp op;
-  std::memset(&op, 0, sizeof op);
-  op.version = kEdgeOrtApiVersion;
-  op.CreateKernel = create_kernel_v1;
-  op.GetName = op_name;
-  op.GetExecutionProviderType = cpu_provider;
-  op.GetInputType = input_type;
-  op.GetInputTypeCount = input_count;
-  op.GetOutputType = output_type;
-  op.GetOutputTypeCount = output_count;
-  op.KernelCompute = compute_v1;
-  op.KernelDestroy = destroy_kernel;
-  op.GetInputCharacteristic = input_characteristic;
-  op.GetOutputCharacteristic = output_characteristic;
-  op.GetInputMemoryType = memory_type_default;
-  op.GetVariadicInputMinArity = variadic_zero;
-  op.GetVariadicInputHomogeneity = variadic_zero;
-  op.GetVariadicOutputMinArity = variadic_zero;
-  op.GetVariadicOutputHomogeneity = variadic_zero;
-  op.CreateKernelV2 = create_kernel;
-  op.KernelComputeV2 = compute;
-  return op;
-}
 
-OrtCustomOp g_op = make_op();  // ORT keeps the pointer for the life of every session
+// ORT keeps the pointer for the life of every session.
+OrtCustomOp g_op = make_custom_op({op_name, cpu_provider, input_type, input_count, output_count, input_characteristic,
+                                   create_kernel, destroy_kernel, compute, compute_v1});
 
 }  // namespace
 

@@ -9,31 +9,25 @@
 namespace edge {
 
 void attend_portable(const AttentionArgs& a, int64_t s, int64_t h, float* scores) {
-  const int64_t D = a.D, half = D / 2, n = a.P + s + 1;  // causal: keys 0 .. P+s
-  const int64_t pos = a.positions[s];
+  const int64_t D = a.D;
   thread_local std::vector<float> q, acc;
   q.resize(static_cast<size_t>(D));
   acc.assign(static_cast<size_t>(D), 0.0f);
-  rotate_half(a.q + s * a.q_stride + h * D, a.cos + pos * half, a.sin + pos * half, half, q.data());
-  const int64_t g = h / (a.H / a.KV);
-  const float* keys = a.kcache + g * a.L * D;
-  const float* values = a.vcache + g * a.L * D;
-  const float* bias = a.bias != nullptr ? a.bias + s * (a.P + a.S) : nullptr;
+  const RowTask r = row_task(a, s, h, q.data());
   float top = -INFINITY;
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t = 0; t < r.n; ++t) {
     float dot = 0.0f;
-    for (int64_t d = 0; d < D; ++d) dot += q[d] * keys[t * D + d];
-    scores[t] = dot * a.scale + (bias != nullptr ? bias[t] : 0.0f);
+    for (int64_t d = 0; d < D; ++d) dot += q[d] * r.keys[t * D + d];
+    scores[t] = dot * a.scale + (r.bias != nullptr ? r.bias[t] : 0.0f);
     top = std::max(top, scores[t]);
   }
   float sum = 0.0f;
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t t = 0; t < r.n; ++t) {
     const float e = std::exp(scores[t] - top);
     sum += e;
-    for (int64_t d = 0; d < D; ++d) acc[d] += e * values[t * D + d];
+    for (int64_t d = 0; d < D; ++d) acc[d] += e * r.values[t * D + d];
   }
-  float* out = a.out + s * a.H * D + h * D;
-  for (int64_t d = 0; d < D; ++d) out[d] = acc[d] / sum;
+  for (int64_t d = 0; d < D; ++d) r.out[d] = acc[d] / sum;
 }
 
 AttendFn select_attend_fn(int64_t head_dim) {

@@ -164,4 +164,44 @@ OrtStatus* view_input(OrtKernelContext* ctx, size_t index, size_t count, TensorV
   return g_ort.GetTensorMutableData(v->value, &v->data);
 }
 
+namespace {
+
+int float_output(const OrtCustomOp*, size_t) { return kOrtFloat; }
+int required(const OrtCustomOp*, size_t) { return kOrtRequired; }
+int default_memory(const OrtCustomOp*, size_t) { return 0; }
+int no_variadic(const OrtCustomOp*) { return 0; }
+
+void* create_v1(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info) {
+  void* kernel = nullptr;
+  if (OrtStatus* st = op->CreateKernelV2(op, api, info, &kernel)) g_ort.ReleaseStatus(st);
+  return kernel;
+}
+
+}  // namespace
+
+OrtCustomOp make_custom_op(const CustomOpSpec& spec) {
+  OrtCustomOp op;
+  std::memset(&op, 0, sizeof op);
+  op.version = kEdgeOrtApiVersion;
+  op.CreateKernel = create_v1;
+  op.GetName = spec.name;
+  op.GetExecutionProviderType = spec.provider;
+  op.GetInputType = spec.input_type;
+  op.GetInputTypeCount = spec.input_count;
+  op.GetOutputType = float_output;
+  op.GetOutputTypeCount = spec.output_count;
+  op.KernelCompute = spec.compute_v1;
+  op.KernelDestroy = spec.destroy;
+  op.GetInputCharacteristic = spec.input_characteristic;
+  op.GetOutputCharacteristic = required;
+  op.GetInputMemoryType = default_memory;
+  op.GetVariadicInputMinArity = no_variadic;
+  op.GetVariadicInputHomogeneity = no_variadic;
+  op.GetVariadicOutputMinArity = no_variadic;
+  op.GetVariadicOutputHomogeneity = no_variadic;
+  op.CreateKernelV2 = spec.create;
+  op.KernelComputeV2 = spec.compute;
+  return op;
+}
+
 }  // namespace edge

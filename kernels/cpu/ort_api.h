@@ -95,4 +95,22 @@ struct TensorView {
 // Describe input `index` of the `count` the kernel got; absent or past the end leaves `v` empty.
 OrtStatus* view_input(OrtKernelContext* ctx, size_t index, size_t count, TensorView* v);
 
+// What differs between edge's ops. make_custom_op() fills the rest of the version-17 struct the same way for all:
+// float32 outputs, every output required, inputs in the provider's memory, no variadic arguments, and a version-1
+// CreateKernel that calls `create` (runtimes of this API version call the V2 entries; v1 is kept for safety).
+struct CustomOpSpec {
+  const char* (*name)(const OrtCustomOp*);
+  const char* (*provider)(const OrtCustomOp*);  // returns nullptr for the CPU
+  int (*input_type)(const OrtCustomOp*, size_t);
+  size_t (*input_count)(const OrtCustomOp*);
+  size_t (*output_count)(const OrtCustomOp*);
+  int (*input_characteristic)(const OrtCustomOp*, size_t);
+  OrtStatus* (*create)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*, void**);
+  void (*destroy)(void*);
+  OrtStatus* (*compute)(void*, OrtKernelContext*);
+  void (*compute_v1)(void*, OrtKernelContext*);  // `compute` with its status dropped
+};
+
+OrtCustomOp make_custom_op(const CustomOpSpec& spec);
+
 }  // namespace edge

@@ -36,12 +36,8 @@ int input_type(const OrtCustomOp*, size_t index) {
   }
 }
 size_t input_count(const OrtCustomOp*) { return kNumInputs; }
-int output_type(const OrtCustomOp*, size_t) { return kOrtFloat; }
 size_t output_count(const OrtCustomOp*) { return 1; }
 int input_characteristic(const OrtCustomOp*, size_t index) { return index < 3 ? kOrtRequired : kOrtOptional; }
-int output_characteristic(const OrtCustomOp*, size_t) { return kOrtRequired; }
-int memory_type_default(const OrtCustomOp*, size_t) { return 0; }
-int variadic_zero(const OrtCustomOp*) { return 0; }
 const char* op_name(const OrtCustomOp*) { return "QMatMul"; }
 const char* cpu_provider(const OrtCustomOp*) { return nullptr; }
 
@@ -84,13 +80,6 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
   }
   *kernel = k;
   return nullptr;
-}
-
-void* create_kernel_v1(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info) {
-  void* kernel = nullptr;
-  OrtStatus* st = create_kernel(op, api, info, &kernel);
-  if (st != nullptr) g_ort.ReleaseStatus(st);
-  return kernel;
 }
 
 void destroy_kernel(void* kernel) { delete static_cast<QMatMulKernel*>(kernel); }
@@ -185,28 +174,8 @@ void compute_v1(void* kernel, OrtKernelContext* ctx) {
 OrtCustomOp make_qmatmul_op(const char* (*provider)(const OrtCustomOp*),
                             OrtStatus* (*compute)(void*, OrtKernelContext*),
                             void (*compute_v1_fn)(void*, OrtKernelContext*)) {
-  OrtCustomOp op;
-  std::memset(&op, 0, sizeof op);
-  op.version = kEdgeOrtApiVersion;
-  op.CreateKernel = create_kernel_v1;
-  op.GetName = op_name;
-  op.GetExecutionProviderType = provider;
-  op.GetInputType = input_type;
-  op.GetInputTypeCount = input_count;
-  op.GetOutputType = output_type;
-  op.GetOutputTypeCount = output_count;
-  op.KernelCompute = compute_v1_fn;
-  op.KernelDestroy = destroy_kernel;
-  op.GetInputCharacteristic = input_characteristic;
-  op.GetOutputCharacteristic = output_characteristic;
-  op.GetInputMemoryType = memory_type_default;
-  op.GetVariadicInputMinArity = variadic_zero;
-  op.GetVariadicInputHomogeneity = variadic_zero;
-  op.GetVariadicOutputMinArity = variadic_zero;
-  op.GetVariadicOutputHomogeneity = variadic_zero;
-  op.CreateKernelV2 = create_kernel;
-  op.KernelComputeV2 = compute;
-  return op;
+  return make_custom_op({op_name, provider, input_type, input_count, output_count, input_characteristic,
+                         create_kernel, destroy_kernel, compute, compute_v1_fn});
 }
 
 namespace {
