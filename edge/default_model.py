@@ -81,11 +81,19 @@ def default_gguf() -> Path:
 
 
 def default_quant(device: str = "cpu") -> str:
-    """What the default model runs as: int4 on edge's kernels where their library is built (their attention op is
-    CPU-only), else int4 on onnxruntime's stock ops."""
-    from edge.kernels import library_path
+    """What the default model runs as: int4 on edge's kernels where their library is built and registers with this
+    onnxruntime (their attention op is CPU-only), else int4 on onnxruntime's stock ops."""
+    if device != "cpu":
+        return DEFAULT_QUANT
+    import onnxruntime as ort
 
-    return "int4-edge" if device == "cpu" and library_path() is not None else DEFAULT_QUANT
+    from edge.kernels import KernelLibraryError, register
+
+    try:
+        register(ort.SessionOptions())  # loads the library and runs its ABI self-check: a few milliseconds
+    except KernelLibraryError:
+        return DEFAULT_QUANT
+    return "int4-edge"
 
 
 def default_package(quant: str = DEFAULT_QUANT) -> Path:

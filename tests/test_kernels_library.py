@@ -87,3 +87,18 @@ def test_self_check_catches_a_wrong_slot(slot: int, entry: str) -> None:
     out = proc.stdout
     assert out.startswith("KernelLibraryError:"), out + proc.stderr
     assert "ABI self-check failed" in out and entry in out
+
+
+def test_the_default_model_falls_back_to_stock_ops_without_a_usable_library(monkeypatch, tmp_path) -> None:
+    """edge-run with no model must work on an install whose compiler was missing or whose library does not match
+    the installed onnxruntime: the default is then the stock-op int4 package."""
+    from edge.default_model import default_quant
+
+    ensure_library()
+    assert default_quant() == "int4-edge" and default_quant("cuda") == "int4"
+    monkeypatch.setenv("EDGE_KERNELS_LIBRARY", str(tmp_path / "absent.so"))
+    assert default_quant() == "int4"
+    bogus = tmp_path / "libbogus.so"
+    bogus.write_bytes(b"not an ELF file")
+    monkeypatch.setenv("EDGE_KERNELS_LIBRARY", str(bogus))
+    assert default_quant() == "int4"
