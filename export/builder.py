@@ -114,8 +114,7 @@ class BuildOptions:
     accuracy_level: int = 4
     rope_cache_len: int | None = None  # rows of the cos/sin cache; default: the model's max context
     fuse_projections: bool = True  # one matmul for q/k/v and one for gate/up (benchmarks/graph_ops.py measures it)
-    # "edge": quantized linears run edge.QMatMul and attention edge.Attention (kernels/), batch-invariant (sliding-window
-    # layers keep GroupQueryAttention)
+    # "edge": quantized linears run edge.QMatMul and attention edge.Attention (kernels/), both batch-invariant
     kernels: str = "stock"
     # Kept layer indices (ascending) for a graph over a subset of the layers (the skip-layer self-draft); None: all.
     # The kept layers' cache inputs/outputs are numbered 0..len-1 in order, so the runtime runs it like any model.
@@ -262,10 +261,10 @@ class DecoderBuilder:
             inputs.append("attention_bias")
         attrs: dict[str, Any] = dict(num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, do_rotary=1,
                                      scale=cfg.query_scale or 1.0 / math.sqrt(cfg.head_dim))
-        op, domain = "GroupQueryAttention", "com.microsoft"
         if cfg.is_sliding_layer(i):
             attrs["local_window_size"] = cfg.sliding_window
-        elif self.opt.kernels == "edge":  # rows independent of the call's size: exact verify steps (kernels/)
+        op, domain = "GroupQueryAttention", "com.microsoft"
+        if self.opt.kernels == "edge":  # rows independent of the call's size: exact verify steps (kernels/)
             op, domain = "Attention", "edge"
         out = self.g.node(op, inputs, domain=domain, name=f"{p}.gqa",
                           outputs=[f"{p}.gqa/out0", f"present_key.{slot}", f"present_value.{slot}"], **attrs)

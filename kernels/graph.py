@@ -67,7 +67,7 @@ ATTENTION_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_
 
 
 def attention_model(num_heads: int, kv_heads: int, head_dim: int, packed: bool = True, bias: bool = True,
-                    stock: bool = False, scale: float = 0.0) -> onnx.ModelProto:
+                    stock: bool = False, scale: float = 0.0, window: int = 0) -> onnx.ModelProto:
     """A one-node model of edge.Attention (stock=True: ORT's GroupQueryAttention, same wiring) with every input fed,
     for tests and the benchmark. Past and present share the names' shapes, so IOBinding can alias them."""
     f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
@@ -83,6 +83,8 @@ def attention_model(num_heads: int, kv_heads: int, head_dim: int, packed: bool =
     while names[-1] == "":
         names.pop()
     attrs = dict(num_heads=num_heads, kv_num_heads=kv_heads, do_rotary=1, scale=scale or head_dim ** -0.5)
+    if window:
+        attrs["local_window_size"] = window
     node = (helper.make_node("GroupQueryAttention", names, ["output", "present_key", "present_value"],
                              domain="com.microsoft", **attrs) if stock else
             helper.make_node(ATTENTION_OP, names, ["output", "present_key", "present_value"], domain=DOMAIN, **attrs))

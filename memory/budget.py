@@ -308,8 +308,8 @@ class ModelSpec:
 
     @property
     def edge_attention(self) -> bool:
-        """Attention runs edge.Attention (kernels/): every layer of an edge-kernels export without sliding windows."""
-        return self.kernels == "edge" and not self.config.sliding_window
+        """Attention runs edge.Attention (kernels/): every layer of an edge-kernels export."""
+        return self.kernels == "edge"
 
     @property
     def tokenizer_bytes(self) -> int:

@@ -28,12 +28,13 @@ class Attention:
     as the runtime binds its KV cache (in place), unless in_place=False."""
 
     def __init__(self, packed: bool = True, bias: bool = True, stock: bool = False, threads: int = 2,
-                 in_place: bool = True):
+                 in_place: bool = True, window: int = 0):
         ensure_library()
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         ek.register(so)
-        model = attention_model(H, KV, D, packed=packed, bias=bias, stock=stock, scale=SCALE)
+        model = attention_model(H, KV, D, packed=packed, bias=bias, stock=stock, scale=SCALE, window=window)
+        self.window = window
         self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         self.packed, self.bias, self.in_place = packed, bias, in_place
         rng = np.random.default_rng(1)
@@ -78,7 +79,8 @@ def rotate(x, positions, cos, sin):
 
 
 def reference(att: Attention, cache_before, q, k, v, past, positions, bias=None):
-    """float64: rotary on q and k, causal softmax over the past and the new rows (plus the bias), weighted values."""
+    """float64: rotary on q and k, causal softmax over the past and the new rows (plus the bias), weighted values;
+    with a window, a query at position p sees the keys p-window+1 .. p (GroupQueryAttention's local_window_size)."""
     s = q.shape[0]
     pos = np.asarray(positions)
     keys = cache_before[0][0, :, :past].astype(np.float64)
@@ -89,13 +91,14 @@ def reference(att: Attention, cache_before, q, k, v, past, positions, bias=None)
     qr = rotate(q.reshape(s, H, D), pos, att.cos, att.sin)
     out = np.zeros((s, H, D))
     for i in range(s):
+        first = max(0, pos[i] - att.window + 1) if att.window else 0
         for h in range(H):
             g = h // (H // KV)
-            scores = keys[g, :past + i + 1] @ qr[i, h] * SCALE
+            scores = keys[g, first:past + i + 1] @ qr[i, h] * SCALE
             if bias is not None:
-                scores = scores + bias[0, 0, i, :past + i + 1]
+                scores = scores + bias[0, 0, i, first:past + i + 1]
             p = np.exp(scores - scores.max())
-            out[i, h] = p @ vals[g, :past + i + 1] / p.sum()
+            out[i, h] = p @ vals[g, first:past + i + 1] / p.sum()
     return out.reshape(s, H * D), keys, vals
 
 
@@ -104,10 +107,10 @@ def rows(rng, s):
             rng.standard_normal((s, KV * D)).astype(np.float32))
 
 
-@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("packed,window", [(True, 0), (False, 0), (True, 11)])
 @pytest.mark.parametrize("past,s", [(0, 1), (0, 9), (37, 1), (37, 7), (60, 33)])
-def test_matches_float64_reference_and_writes_the_cache_in_place(packed, past, s):
-    att = Attention(packed=packed)
+def test_matches_float64_reference_and_writes_the_cache_in_place(packed, window, past, s):
+    att = Attention(packed=packed, window=window)
     rng = np.random.default_rng(past * 100 + s)
     q, k, v = rows(rng, s)
     before = [a.copy() for a in att.cache]
@@ -131,15 +134,16 @@ def test_a_cache_not_bound_in_place_is_copied_then_written():
     np.testing.assert_allclose(att.cache[0][0, :, :24], keys, rtol=0, atol=1e-6)
 
 
-def test_close_to_group_query_attention():
-    """The same wiring as the stock op the exporter replaces: equal up to float rounding (sum order)."""
+@pytest.mark.parametrize("window", [0, 5])
+def test_close_to_group_query_attention(window):
+    """The same wiring as the stock op the exporter replaces, sliding window included: equal up to float rounding."""
     rng = np.random.default_rng(5)
     q, k, v = rows(rng, 6)
     bias = np.zeros((1, 1, 6, 46), np.float32)
     bias[0, 0, 3, 42] = MASKED  # a tree row that does not see an earlier node
     outs, caches = [], []
     for stock in (False, True):
-        att = Attention(stock=stock)
+        att = Attention(stock=stock, window=window)
         outs.append(att(q, k, v, 40, np.arange(40, 46), bias))
         caches.append(att.cache)
     np.testing.assert_allclose(outs[0], outs[1], rtol=0, atol=1e-5)
@@ -147,12 +151,13 @@ def test_close_to_group_query_attention():
     np.testing.assert_array_equal(caches[0][1], caches[1][1])
 
 
-def test_each_row_of_a_chain_equals_the_row_decoded_alone():
+@pytest.mark.parametrize("window", [0, 8])
+def test_each_row_of_a_chain_equals_the_row_decoded_alone(window):
     """Bitwise: a verify call over S tokens computes what S one-token steps compute."""
     rng = np.random.default_rng(7)
     q, k, v = rows(rng, 9)
-    together = Attention()
-    alone = Attention()
+    together = Attention(window=window)
+    alone = Attention(window=window)
     out = together(q, k, v, 50, np.arange(50, 59))
     for i in range(9):
         row = alone(q[i:i + 1], k[i:i + 1], v[i:i + 1], 50 + i, [50 + i])
@@ -161,9 +166,11 @@ def test_each_row_of_a_chain_equals_the_row_decoded_alone():
     np.testing.assert_array_equal(together.cache[1], alone.cache[1])
 
 
-def test_a_tree_row_equals_its_path_decoded_alone_after_compaction():
+@pytest.mark.parametrize("window", [0, 20])
+def test_a_tree_row_equals_its_path_decoded_alone_after_compaction(window):
     """Nodes of a draft tree attend to the past and their ancestors (the bias masks the rest, by index order); the
-    accepted path, decoded one token at a time into a compacted cache, must give its rows bit for bit."""
+    accepted path, decoded one token at a time into a compacted cache, must give its rows bit for bit. A sliding
+    window counts back from the node's position (its depth), not its row in the flattened tree."""
     parents = [-1, 0, 0, 1, 2, 4, 2]  # flattened: node 0 is the root
     depth = [0]
     for p in parents[1:]:
@@ -178,11 +185,11 @@ def test_a_tree_row_equals_its_path_decoded_alone_after_compaction():
             j = parents[j]
     rng = np.random.default_rng(11)
     q, k, v = rows(rng, n)
-    tree = Attention()
+    tree = Attention(window=window)
     start = [a.copy() for a in tree.cache]
     out = tree(q, k, v, past, past + np.array(depth), bias)
     path = [0, 2, 4, 5]
-    alone = Attention()
+    alone = Attention(window=window)
     alone.cache = start
     for step, node in enumerate(path):
         row = alone(q[node:node + 1], k[node:node + 1], v[node:node + 1], past + step, [past + step])
@@ -194,10 +201,10 @@ def test_a_tree_row_equals_its_path_decoded_alone_after_compaction():
 def test_unsupported_attributes_and_bad_inputs_are_clear_errors():
     ensure_library()
     model = attention_model(H, KV, D)
-    model.graph.node[0].attribute.append(__import__("onnx").helper.make_attribute("local_window_size", 16))
+    model.graph.node[0].attribute.append(__import__("onnx").helper.make_attribute("softcap", 30.0))
     so = ort.SessionOptions()
     ek.register(so)
-    with pytest.raises(Exception, match="local_window_size"):
+    with pytest.raises(Exception, match="softcap"):
         ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     att = Attention()
     q, k, v = rows(np.random.default_rng(0), 2)

@@ -9,6 +9,7 @@
 // as the same token decoded alone after the accepted path was compacted into place.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace edge {
@@ -17,6 +18,7 @@ struct AttentionArgs {
   int64_t S = 0, P = 0, L = 0;  // new rows, tokens already cached, cache capacity (present's third dimension)
   int64_t H = 0, KV = 0, D = 0;
   float scale = 0.0f;
+  int64_t window = 0;  // > 0: a query at position p sees keys p-window+1 .. p (local_window_size); 0: all
   const float* q = nullptr;  // row s, head h at q + s * q_stride + h * D
   const float* k = nullptr;  // new keys: row s, kv head g at k + s * kv_stride + g * D
   const float* v = nullptr;
@@ -40,8 +42,10 @@ inline void rotate_half(const float* x, const float* cos, const float* sin, int6
   }
 }
 
-// What one (row, head) task reads and writes: the query rotated into `q` (head_dim floats), its kv head's keys and
-// values, its row of the bias (or null), the number of keys it sees (causal: 0 .. P+s) and its output slice.
+// What one (row, head) task reads and writes: the query rotated into `q` (head_dim floats), the keys it sees (its kv
+// head's, from `first` on: causal up to P+s, and a sliding window counted back from the query's position, not its
+// cache row, so that a tree node sees the same keys as its path decoded alone), their values and bias (or null),
+// and its output slice. Pointers are offset to `first`: index 0 is key `first`.
 struct RowTask {
   const float* keys;
   const float* values;
@@ -53,8 +57,10 @@ struct RowTask {
 inline RowTask row_task(const AttentionArgs& a, int64_t s, int64_t h, float* q) {
   const int64_t D = a.D, half = D / 2, pos = a.positions[s], g = h / (a.H / a.KV);
   rotate_half(a.q + s * a.q_stride + h * D, a.cos + pos * half, a.sin + pos * half, half, q);
-  return {a.kcache + g * a.L * D, a.vcache + g * a.L * D, a.bias != nullptr ? a.bias + s * (a.P + a.S) : nullptr,
-          a.P + s + 1, a.out + s * a.H * D + h * D};
+  const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+  const float* bias = a.bias != nullptr ? a.bias + s * (a.P + a.S) + first : nullptr;
+  return {a.kcache + (g * a.L + first) * D, a.vcache + (g * a.L + first) * D, bias, a.P + s + 1 - first,
+          a.out + s * a.H * D + h * D};
 }
 
 // One (row, head) task; `scratch` holds P + S floats (the row's scores).

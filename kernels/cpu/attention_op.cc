@@ -1,6 +1,6 @@
 // edge.Attention's inputs, checks and work split. Inputs and outputs are GroupQueryAttention's, in its order, so
-// the exporter swaps the op type and keeps the wiring (attributes num_heads, kv_num_heads, scale; do_rotary must be
-// 1, rotary halves not interleaved, no sliding window, no softcap):
+// the exporter swaps the op type and keeps the wiring (attributes num_heads, kv_num_heads, scale, local_window_size;
+// do_rotary must be 1, rotary halves not interleaved, no softcap):
 //   0 query  float32 (1, S, (H + 2 KV) D) packed, or (1, S, H D) with 1 key and 2 value (1, S, KV D)
 //   3 past_key, 4 past_value  float32 (1, KV, L, D)   5 seqlens_k int32 (1,) = P + S - 1
 //   6 total_sequence_length int32 scalar = P + S      7 cos_cache, 8 sin_cache float32 (positions, D / 2)
@@ -25,6 +25,7 @@ namespace {
 struct AttentionKernel {
   int64_t H = 0, KV = 0;
   float scale = 0.0f;  // 0: 1/sqrt(D)
+  int64_t window = 0;  // local_window_size; 0: none
 };
 
 constexpr size_t kInputs = 11;
@@ -70,12 +71,12 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
   if (k->H <= 0 || k->KV <= 0 || k->H % k->KV != 0)
     err = "num_heads and kv_num_heads must be positive, num_heads a multiple of kv_num_heads";
   else if (rotary != 1 || interleaved != 0) err = "only do_rotary=1 with rotary_interleaved=0 is implemented";
-  else if (window > 0) err = "local_window_size (sliding-window layers) is not implemented; export with GroupQueryAttention";
   else if (softcap != 0.0f) err = "softcap is not implemented; export with GroupQueryAttention";
   if (!err.empty()) {
     delete k;
     return error(err);
   }
+  k->window = window > 0 ? window : 0;
   *kernel = k;
   return nullptr;
 }
@@ -147,6 +148,7 @@ std::string bind(const AttentionKernel& k, const TensorView* in, AttentionArgs& 
     a.bias = static_cast<const float*>(in[10].data);
   }
   a.scale = k.scale != 0.0f ? k.scale : 1.0f / std::sqrt(static_cast<float>(a.D));
+  a.window = k.window;
   return "";
 }
 
