@@ -45,13 +45,13 @@ def prepare() -> dict[str, Path]:
     from edge.default_model import default_gguf, default_package
 
     packages = {"edge fp32": default_package("fp32"), "edge int4": default_package("int4")}
-    for level, label in ((0, "edge int4, edge kernels"), (4, "edge int4, edge kernels, int8 activations")):
-        out = cache_root() / f"edge-int4-kernels-acc{level}"
-        if not (out / "manifest.json").exists():
-            from edge.export.pipeline import export_model
+    out = cache_root() / "edge-int4-kernels-acc0"
+    if not (out / "manifest.json").exists():
+        from edge.export.pipeline import export_model
 
-            export_model(default_gguf(), out, quant="int4", kernels="edge", accuracy_level=level, overwrite=True)
-        packages[label] = out
+        export_model(default_gguf(), out, quant="int4", kernels="edge", accuracy_level=0, overwrite=True)
+    packages["edge int4, edge kernels"] = out
+    packages["edge int4, edge kernels, int8 activations"] = default_package("int4-edge")  # the default model
     hf = cache_root() / "smollm2-hf"
     if not (hf / "model.safetensors").exists():
         write_hf_folder(default_gguf(), hf)
