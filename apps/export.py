@@ -33,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", choices=["stock", "edge"], default="stock",
                    help="stock: onnxruntime's MatMulNBits and GroupQueryAttention; edge: edge.QMatMul and "
                         "edge.Attention from kernels/ (batch-invariant, so speculative decoding stays exact on "
-                        "quantized weights; needs the built kernel library; edge.Attention runs on the CPU only)")
+                        "quantized weights; needs the built kernel library; the only packages that run on --device cuda)")
     p.add_argument("--accuracy-level", type=int, choices=[0, 4],
                    help="activations of quantized matmuls: 4 = int8 per block (stock default; with --kernels edge "
                         "about 1.4-1.7x faster matmuls, ~0.5%% matmul error; the default model's), 0 = float "

@@ -82,9 +82,10 @@ def default_gguf() -> Path:
 
 def default_quant(device: str = "cpu") -> str:
     """What the default model runs as: int4 on edge's kernels where their library is built and registers with this
-    onnxruntime (their attention op is CPU-only), else int4 on onnxruntime's stock ops."""
+    onnxruntime, else int4 on onnxruntime's stock ops. On CUDA always edge's kernels: onnxruntime has no float32
+    GroupQueryAttention there (create_session refuses such a graph), and a missing CUDA build is a clear error."""
     if device != "cpu":
-        return DEFAULT_QUANT
+        return "int4-edge"
     import onnxruntime as ort
 
     from edge.kernels import KernelLibraryError, register

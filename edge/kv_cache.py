@@ -40,10 +40,11 @@ class KVCache:
 
     def keep(self, start: int, offsets: list[int]) -> None:
         """Keep, in order, the entries at start+offsets (accepted draft-tree nodes) and drop the rest after start."""
-        if not self.arrays:
-            raise NotImplementedError("compacting a device cache needs the kernels' gather op")
         src = [start + o for o in offsets]
-        if src != list(range(start, start + len(src))):
+        if src != list(range(start, start + len(src))):  # a chain's accepted prefix is already in place
+            if not self.arrays:
+                raise NotImplementedError("compacting a device cache (a draft tree's accepted path) is not "
+                                          "implemented; on a GPU, use a chain drafter such as prompt-lookup")
             for a in self.arrays:
                 a[:, :, start:start + len(src)] = a[:, :, src]
         self.length = start + len(src)

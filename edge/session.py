@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import onnx
 import onnxruntime as ort
 import psutil
 
@@ -30,6 +31,19 @@ def spin_setting() -> str:
     return "1" if os.environ.get("EDGE_SPIN", DEFAULT_SPIN) == "1" else "0"
 
 
+def check_cuda_graph(graph: Path) -> None:
+    """Refuse a graph with float32 GroupQueryAttention on CUDA. onnxruntime has no CUDA kernel for it, so it places
+    those nodes on the CPU, and with the KV cache bound in place in device memory the output is wrong (measured on
+    an H100: greedy tokens differ from the CPU's from the second token on, at half the speed)."""
+    model = onnx.load(str(graph), load_external_data=False)
+    if any(n.op_type == "GroupQueryAttention" for n in model.graph.node) and any(
+            i.name.startswith("past_key") and i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+            for i in model.graph.input):
+        raise DeviceError(f"{graph} uses onnxruntime's GroupQueryAttention in float32, which has no CUDA kernel; "
+                          f"export the model with edge's kernels for the GPU (edge-export --quant int4 --kernels edge), "
+                          f"or use --device cpu")
+
+
 def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
                    custom_ops: list[str] | None = None, spin: bool | None = None) -> ort.InferenceSession:
     """custom_ops: the custom-op domains the graph uses (the manifest's graph.custom_ops); "edge" is ours.
@@ -42,6 +56,8 @@ def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
         raise DeviceError(f"device {device!r} was asked for, but this onnxruntime has no {provider} "
                           f"(available: {', '.join(ort.get_available_providers())}). "
                           f"Install onnxruntime-gpu (and not onnxruntime) on a machine with CUDA 13, or use --device cpu.")
+    if device == "cuda":
+        check_cuda_graph(graph)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or default_threads()
     options.inter_op_num_threads = 1
@@ -49,8 +65,6 @@ def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.add_session_config_entry("session.intra_op.allow_spinning",
                                      spin_setting() if spin is None else str(int(spin)))
-    if device != "cpu":
-        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     for domain in custom_ops or []:
         if domain != "edge":
             raise DeviceError(f"the model needs custom ops of domain {domain!r}, which edge does not provide")

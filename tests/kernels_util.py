@@ -8,6 +8,7 @@ import onnxruntime as ort
 import edge.kernels as ek
 from edge.kernels.build import build_cpu
 from edge.kernels.graph import qmatmul_model
+from edge.kernels.library import CUDA_LIBRARY
 
 
 def ensure_library() -> None:
@@ -35,30 +36,48 @@ def make_weight(rng: np.random.Generator, n: int, k: int, bits: int, group: int,
     return packed, ek.dequantize(packed, codes)
 
 
+def cuda_available() -> bool:
+    """onnxruntime-gpu with a usable GPU and the CUDA build of the kernels (tests/test_kernels_cuda.py needs all)."""
+    path = ek.library_path(cuda=True)
+    return "CUDAExecutionProvider" in ort.get_available_providers() and path is not None and path.name == CUDA_LIBRARY
+
+
 class QMatMulRunner:
-    """One session of a one-node QMatMul model, run through IOBinding with an output pre-filled with NaN."""
+    """One session of a one-node QMatMul model, run through IOBinding with an output pre-filled with NaN.
+
+    cuda=True places the node on the CUDAExecutionProvider, refusing a silent CPU fallback, with the inputs, weights
+    and the poisoned output in device memory.
+    """
 
     def __init__(self, packed: ek.PackedWeight, bias: np.ndarray | None = None, weights_as_inputs: bool = False,
-                 rank3: bool = False, threads: int = 2, accuracy_level: int = 0):
+                 rank3: bool = False, threads: int = 2, accuracy_level: int = 0, cuda: bool = False):
         ensure_library()
         x_shape = [1, "M", packed.k] if rank3 else ["M", packed.k]
         model, self.feeds = qmatmul_model(packed, x_shape, bias, weights_as_inputs, accuracy_level)
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
-        ek.register(so)
-        self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        ek.register(so, cuda=cuda)
+        providers = ["CPUExecutionProvider"]
+        if cuda:
+            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+            providers = ["CUDAExecutionProvider"]
+        self.device = ("cuda", 0) if cuda else ("cpu", 0)
+        self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
         self.n = packed.n
-        self.weights = {name: ort.OrtValue.ortvalue_from_numpy(a) for name, a in self.feeds.items()}
+        self.weights = {name: ort.OrtValue.ortvalue_from_numpy(a, *self.device) for name, a in self.feeds.items()}
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         io = self.sess.io_binding()
-        io.bind_ortvalue_input("X", ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        io.bind_ortvalue_input("X", ort.OrtValue.ortvalue_from_numpy(x, *self.device))
         for name, value in self.weights.items():
             io.bind_ortvalue_input(name, value)
         out = np.full((*x.shape[:-1], self.n), np.nan, dtype=np.float32)
-        y = ort.OrtValue.ortvalue_from_numpy(out)  # wraps `out` without a copy; `out` must outlive it
+        y = ort.OrtValue.ortvalue_from_numpy(out, *self.device)  # on the CPU: wraps `out` without a copy
         io.bind_ortvalue_output("Y", y)
         self.sess.run_with_iobinding(io)
+        if self.device[0] == "cuda":
+            return y.numpy()
         assert out.size == 0 or y.data_ptr() == out.ctypes.data, "onnxruntime did not write into the bound output"
         return out
 

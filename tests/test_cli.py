@@ -83,3 +83,16 @@ def test_export_paged_package_runs(hf_folder, tmp_path, capsys):
         capsys.readouterr()
         assert run_cli.main([str(tmp_path / "paged4"), "t1 t2", "--raw", "-n", "3", "--context", "64"]) == 0
         assert len(capsys.readouterr().out.split()) == 3
+
+
+def test_a_float32_group_query_attention_graph_is_refused_on_cuda(package, tmp_path):
+    """onnxruntime would run that attention on the CPU against a device cache and decode wrong tokens (measured on
+    an H100); edge's kernels run there instead."""
+    from edge.errors import DeviceError
+    from edge.session import check_cuda_graph
+
+    _, imported = tiny_llama(seed=9, initializer_range=0.3)
+    with pytest.raises(DeviceError, match="--kernels edge"):
+        check_cuda_graph(package / "model.onnx")
+    edge_kernels = export_model("tiny", tmp_path / "edge", quant="int4", kernels="edge", model=imported)
+    check_cuda_graph(edge_kernels / "model.onnx")

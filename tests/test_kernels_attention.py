@@ -1,4 +1,8 @@
-"""edge.Attention: GroupQueryAttention's contract, with rows that do not depend on how many share the call."""
+"""edge.Attention: GroupQueryAttention's contract, with rows that do not depend on how many share the call.
+
+EDGE_TEST_DEVICE=cuda runs edge.Attention's sessions on the CUDAExecutionProvider (test_the_cuda_kernel_passes_the_
+same_tests does, where onnxruntime-gpu sees a GPU); GroupQueryAttention stays on the CPU (no float32 CUDA kernel).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import pytest
 
 import edge.kernels as ek
 from edge.kernels.graph import attention_model
-from kernels_util import ensure_library
+from kernels_util import cuda_available, ensure_library
 
 # The runtime's "not an ancestor" (edge.model.MASKED), not imported: the ABI matrix (.ci/abi-matrix) runs this file
 # with onnxruntime, numpy and onnx only.
@@ -21,6 +25,7 @@ MASKED = np.float32(-1e9)
 
 H, KV, D, L = 6, 2, 32, 96  # three query heads per kv head, as in SmolLM2 (9/3)
 SCALE = D ** -0.5
+DEVICE = os.environ.get("EDGE_TEST_DEVICE", "cpu")
 
 
 class Attention:
@@ -32,10 +37,15 @@ class Attention:
         ensure_library()
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
-        ek.register(so)
+        self.device = ("cuda", 0) if DEVICE == "cuda" and not stock else ("cpu", 0)
+        ek.register(so, cuda=self.device[0] == "cuda")
+        providers = ["CPUExecutionProvider"]
+        if self.device[0] == "cuda":
+            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # the CUDA kernel, or an error
+            providers = ["CUDAExecutionProvider"]
         model = attention_model(H, KV, D, packed=packed, bias=bias, stock=stock, scale=SCALE, window=window)
         self.window = window
-        self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
         self.packed, self.bias, self.in_place = packed, bias, in_place
         rng = np.random.default_rng(1)
         angles = np.outer(np.arange(256), 1.0 / 10000 ** (np.arange(0, D, 2) / D))
@@ -57,18 +67,21 @@ class Attention:
         for name, value in feeds.items():
             io.bind_cpu_input(name, np.ascontiguousarray(value))
         out = np.full((1, s, H * D), np.nan, np.float32)
-        io.bind_output("output", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
-        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.cache]
+        y = ort.OrtValue.ortvalue_from_numpy(out, *self.device)  # on the CPU: wraps `out` without a copy
+        io.bind_ortvalue_output("output", y)
+        values = [ort.OrtValue.ortvalue_from_numpy(a, *self.device) for a in self.cache]
         for kind, value in zip(("key", "value"), values):
             io.bind_ortvalue_input(f"past_{kind}", value)
             if self.in_place:
                 io.bind_ortvalue_output(f"present_{kind}", value)
             else:
-                io.bind_output(f"present_{kind}")
+                io.bind_output(f"present_{kind}", self.device[0])
         self.sess.run_with_iobinding(io)
         if not self.in_place:
             self.cache = [a.numpy() for a in io.get_outputs()[1:]]
-        return out[0]
+        elif self.device[0] == "cuda":
+            self.cache = [value.numpy() for value in values]
+        return y.numpy()[0] if self.device[0] == "cuda" else out[0]
 
 
 def rotate(x, positions, cos, sin):
@@ -210,14 +223,24 @@ def test_unsupported_attributes_and_bad_inputs_are_clear_errors():
     q, k, v = rows(np.random.default_rng(0), 2)
     with pytest.raises(Exception, match="total_sequence_length 97 must be in"):
         att(q, k, v, 95, [95, 96])
-    with pytest.raises(Exception, match="outside the rotary cache"):
-        att(q, k, v, 10, [10, 400])
+    if DEVICE == "cpu":  # device positions are clamped instead (the kernel never reads outside the cache)
+        with pytest.raises(Exception, match="outside the rotary cache"):
+            att(q, k, v, 10, [10, 400])
 
 
-@pytest.mark.skipif(os.environ.get("EDGE_KERNELS_ISA") == "portable", reason="already the portable kernel")
+def _run_this_file(**env: str) -> None:
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                         env={**os.environ, **env}, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+@pytest.mark.skipif(os.environ.get("EDGE_KERNELS_ISA") == "portable" or DEVICE != "cpu",
+                    reason="already the portable kernel, or on CUDA")
 def test_the_portable_kernel_passes_the_same_tests():
     """The kernel choice is made once per process: run this file again on the portable kernel."""
-    env = {**os.environ, "EDGE_KERNELS_ISA": "portable"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                         env=env, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    _run_this_file(EDGE_KERNELS_ISA="portable")
+
+
+@pytest.mark.skipif(DEVICE != "cpu" or not cuda_available(), reason="needs onnxruntime-gpu, a GPU and the CUDA build")
+def test_the_cuda_kernel_passes_the_same_tests():
+    _run_this_file(EDGE_TEST_DEVICE="cuda")

@@ -22,13 +22,7 @@ namespace edge {
 
 namespace {
 
-struct AttentionKernel {
-  int64_t H = 0, KV = 0;
-  float scale = 0.0f;  // 0: 1/sqrt(D)
-  int64_t window = 0;  // local_window_size; 0: none
-};
-
-constexpr size_t kInputs = 11;
+constexpr size_t kInputs = kAttentionInputs;
 
 int input_type(const OrtCustomOp*, size_t index) {
   switch (index) {
@@ -42,7 +36,6 @@ size_t output_count(const OrtCustomOp*) { return 3; }
 int input_characteristic(const OrtCustomOp*, size_t index) {
   return index == 1 || index == 2 || index == 10 ? kOrtOptional : kOrtRequired;
 }
-const char* op_name(const OrtCustomOp*) { return "Attention"; }
 const char* cpu_provider(const OrtCustomOp*) { return nullptr; }
 
 OrtStatus* error(const std::string& what) { return make_status(kOrtInvalidArgument, "edge.Attention: " + what); }
@@ -58,7 +51,9 @@ T optional_attr(Get get, const OrtKernelInfo* info, const char* name, T fallback
   return value;
 }
 
-OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
+}  // namespace
+
+OrtStatus* create_attention_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
   auto* k = new AttentionKernel();
   k->H = optional_attr<int64_t>(g_ort.KernelInfoGetAttribute_int64, info, "num_heads", 0);
   k->KV = optional_attr<int64_t>(g_ort.KernelInfoGetAttribute_int64, info, "kv_num_heads", 0);
@@ -81,7 +76,9 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
   return nullptr;
 }
 
-void destroy_kernel(void* kernel) { delete static_cast<AttentionKernel*>(kernel); }
+void destroy_attention_kernel(void* kernel) { delete static_cast<AttentionKernel*>(kernel); }
+
+namespace {
 
 std::string shape_text(const std::vector<int64_t>& dims) {
   std::string out = "(";
@@ -89,8 +86,9 @@ std::string shape_text(const std::vector<int64_t>& dims) {
   return out + ")";
 }
 
-// Check the inputs against each other and fill everything but the cache and output pointers.
-std::string bind(const AttentionKernel& k, const TensorView* in, AttentionArgs& a) {
+// Check the inputs against each other and fill everything but the cache and output pointers. position_ids are
+// range-checked only when they are in host memory (the CUDA kernel clamps them instead).
+std::string bind(const AttentionKernel& k, const TensorView* in, AttentionArgs& a, bool host_positions) {
   for (size_t i : {0, 3, 4, 7, 8})
     if (in[i].type != kOrtFloat) return "input " + std::to_string(i) + " must be float32";
   if (in[5].type != kOrtInt32 || in[6].type != kOrtInt32) return "seqlens_k and total_sequence_length must be int32";
@@ -138,7 +136,7 @@ std::string bind(const AttentionKernel& k, const TensorView* in, AttentionArgs& 
   a.rope_rows = in[7].dims[0];
   if (in[9].count != a.S) return "position_ids must hold S=" + std::to_string(a.S) + " positions";
   a.positions = static_cast<const int64_t*>(in[9].data);
-  for (int64_t s = 0; s < a.S; ++s)
+  for (int64_t s = 0; host_positions && s < a.S; ++s)
     if (a.positions[s] < 0 || a.positions[s] >= a.rope_rows)
       return "position " + std::to_string(a.positions[s]) + " is outside the rotary cache of " +
              std::to_string(a.rope_rows);
@@ -151,6 +149,32 @@ std::string bind(const AttentionKernel& k, const TensorView* in, AttentionArgs& 
   a.window = k.window;
   return "";
 }
+
+}  // namespace
+
+OrtStatus* prepare_attention(const AttentionKernel& k, OrtKernelContext* ctx, TensorView* in, AttentionArgs& a,
+                             bool host_positions) {
+  size_t count = 0;
+  if (OrtStatus* st = g_ort.KernelContext_GetInputCount(ctx, &count)) return st;
+  for (size_t i = 0; i < kInputs; ++i)
+    if (OrtStatus* st = view_input(ctx, i, count, &in[i])) return st;
+  if (std::string err = bind(k, in, a, host_positions); !err.empty()) return error(err);
+  const int64_t out_dims[3] = {1, a.S, a.H * a.D};
+  OrtValue* out = nullptr;
+  if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 0, out_dims, 3, &out)) return st;
+  void* data = nullptr;
+  if (OrtStatus* st = g_ort.GetTensorMutableData(out, &data)) return st;
+  a.out = static_cast<float*>(data);
+  return nullptr;
+}
+
+CustomOpSpec attention_spec(const char* (*provider)(const OrtCustomOp*), OrtStatus* (*compute)(void*, OrtKernelContext*),
+                            void (*compute_v1)(void*, OrtKernelContext*), int (*input_memory)(const OrtCustomOp*, size_t)) {
+  return {[](const OrtCustomOp*) { return "Attention"; }, provider, input_type, input_count, output_count,
+          input_characteristic, create_attention_kernel, destroy_attention_kernel, compute, compute_v1, input_memory};
+}
+
+namespace {
 
 // present = past with the S new rows (keys rotated) written at P .. P+S-1.
 OrtStatus* write_cache(OrtKernelContext* ctx, const TensorView* in, AttentionArgs& a) {
@@ -198,20 +222,9 @@ void run_chunk(void* user, size_t index) {
 }
 
 OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
-  const auto* k = static_cast<const AttentionKernel*>(kernel);
-  size_t count = 0;
-  if (OrtStatus* st = g_ort.KernelContext_GetInputCount(ctx, &count)) return st;
   TensorView in[kInputs];
-  for (size_t i = 0; i < kInputs; ++i)
-    if (OrtStatus* st = view_input(ctx, i, count, &in[i])) return st;
   AttentionArgs a;
-  if (std::string err = bind(*k, in, a); !err.empty()) return error(err);
-  const int64_t out_dims[3] = {1, a.S, a.H * a.D};
-  OrtValue* out = nullptr;
-  if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 0, out_dims, 3, &out)) return st;
-  void* data = nullptr;
-  if (OrtStatus* st = g_ort.GetTensorMutableData(out, &data)) return st;
-  a.out = static_cast<float*>(data);
+  if (OrtStatus* st = prepare_attention(*static_cast<const AttentionKernel*>(kernel), ctx, in, a, true)) return st;
   if (OrtStatus* st = write_cache(ctx, in, a)) return st;
   if (a.S == 0) return nullptr;
   Job job{&a, select_attend_fn(a.D), a.S * a.H, 1};
@@ -230,8 +243,7 @@ void compute_v1(void* kernel, OrtKernelContext* ctx) {
 
 
 // ORT keeps the pointer for the life of every session.
-OrtCustomOp g_op = make_custom_op({op_name, cpu_provider, input_type, input_count, output_count, input_characteristic,
-                                   create_kernel, destroy_kernel, compute, compute_v1});
+OrtCustomOp g_op = make_custom_op(attention_spec(cpu_provider, compute, compute_v1, nullptr));
 
 }  // namespace
 

@@ -1,11 +1,41 @@
-// The ORT registration of edge.Attention (attention_op.cc); the kernels themselves are in attention.h.
+// The ORT registration of edge.Attention (attention_op.cc; CUDA: cuda/attention_cuda_op.cc); the kernels themselves
+// are in attention.h and cuda/attention_cuda.cu.
 #pragma once
 
-#include "ort_abi.h"
+#include <cstdint>
+
+#include "attention.h"
+#include "ort_api.h"
 
 namespace edge {
 
+constexpr size_t kAttentionInputs = 11;
+
+// The node's attributes.
+struct AttentionKernel {
+  int64_t H = 0, KV = 0;
+  float scale = 0.0f;  // 0: 1/sqrt(D)
+  int64_t window = 0;  // local_window_size; 0: none
+};
+
+OrtStatus* create_attention_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel);
+void destroy_attention_kernel(void* kernel);
+
+// Read and check every input, allocate output 0, and fill `a` except the cache pointers. host_positions: whether
+// position_ids are in host memory (then range-checked; the CUDA kernel clamps device ones instead).
+OrtStatus* prepare_attention(const AttentionKernel& k, OrtKernelContext* ctx, TensorView* in, AttentionArgs& a,
+                             bool host_positions);
+
+// The op's spec for make_custom_op, on the given provider.
+CustomOpSpec attention_spec(const char* (*provider)(const OrtCustomOp*), OrtStatus* (*compute)(void*, OrtKernelContext*),
+                            void (*compute_v1)(void*, OrtKernelContext*), int (*input_memory)(const OrtCustomOp*, size_t));
+
 // edge.Attention on the CPU execution provider (version 17 OrtCustomOp, static storage).
 const OrtCustomOp* cpu_attention_op();
+
+#ifdef EDGE_WITH_CUDA
+// The same op on the CUDAExecutionProvider (cuda/attention_cuda_op.cc).
+const OrtCustomOp* cuda_attention_op();
+#endif
 
 }  // namespace edge

@@ -194,7 +194,7 @@ OrtCustomOp make_custom_op(const CustomOpSpec& spec) {
   op.KernelDestroy = spec.destroy;
   op.GetInputCharacteristic = spec.input_characteristic;
   op.GetOutputCharacteristic = required;
-  op.GetInputMemoryType = default_memory;
+  op.GetInputMemoryType = spec.input_memory != nullptr ? spec.input_memory : default_memory;
   op.GetVariadicInputMinArity = no_variadic;
   op.GetVariadicInputHomogeneity = no_variadic;
   op.GetVariadicOutputMinArity = no_variadic;

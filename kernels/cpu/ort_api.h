@@ -96,7 +96,7 @@ struct TensorView {
 OrtStatus* view_input(OrtKernelContext* ctx, size_t index, size_t count, TensorView* v);
 
 // What differs between edge's ops. make_custom_op() fills the rest of the version-17 struct the same way for all:
-// float32 outputs, every output required, inputs in the provider's memory, no variadic arguments, and a version-1
+// float32 outputs, every output required, no variadic arguments, and a version-1
 // CreateKernel that calls `create` (runtimes of this API version call the V2 entries; v1 is kept for safety).
 struct CustomOpSpec {
   const char* (*name)(const OrtCustomOp*);
@@ -109,7 +109,11 @@ struct CustomOpSpec {
   void (*destroy)(void*);
   OrtStatus* (*compute)(void*, OrtKernelContext*);
   void (*compute_v1)(void*, OrtKernelContext*);  // `compute` with its status dropped
+  // Where each input must be (0: the provider's memory; kOrtMemTypeCPUInput: the host); nullptr: all 0.
+  int (*input_memory)(const OrtCustomOp*, size_t) = nullptr;
 };
+
+constexpr int kOrtMemTypeCPUInput = -2;
 
 OrtCustomOp make_custom_op(const CustomOpSpec& spec);
 

@@ -1,6 +1,6 @@
 // RegisterCustomOps, the entry point ORT calls: binds the OrtApi slots, self-checks them, and registers edge.QMatMul
-// in domain "edge" for the CPU (and, in the CUDA build, the same op for CUDAExecutionProvider), and edge.Attention
-// for the CPU (attention_op.cc).
+// and edge.Attention (attention_op.cc) in domain "edge" for the CPU, and in the CUDA build both again for the
+// CUDAExecutionProvider.
 //
 // Inputs of edge.QMatMul (attributes K, N, bits, group_size, optional accuracy_level 0 or 4):
 //   0 X        float32 (..., K)
@@ -190,6 +190,7 @@ OrtStatus* add_ops(OrtSessionOptions* options) {
   if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cpu_attention_op());
 #ifdef EDGE_WITH_CUDA
   if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cuda_op());
+  if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cuda_attention_op());
 #endif
   if (st == nullptr) st = g_ort.AddCustomOpDomain(options, domain);
   // The domain must outlive the sessions using it; ORT does not take ownership, so it is intentionally not released.

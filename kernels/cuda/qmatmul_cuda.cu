@@ -1,9 +1,13 @@
 // CUDA kernel of edge.QMatMul for the CUDAExecutionProvider (sm_75 and newer), on the same packed layout as the CPU.
 //
-// A block of 8 warps owns 4 tiles (32 output columns): lane l of every warp owns column l. Warp w sums the k-units
-// u = w, w + 8, w + 16, ... of its column in order, then warp partials are added in the fixed order 0..7. The split
-// is fixed (it never depends on M or the launch), so each output is the same sequence of roundings for any batch:
-// the batch-invariance the CPU kernel gives, and run-to-run determinism (no atomics).
+// One block per tile (8 output columns) and per 4 rows of x. The tile's k-units are dealt to the block's lanes in a
+// fixed pattern (unit u to lane u % 32 of warp (u / 32) % W, W fixed by K alone), so a warp reads 32 consecutive
+// units (1 KiB, coalesced) per step and each lane decodes whole units: 8 columns x 8..16 k. A lane sums its units in
+// order, the 32 lanes of a warp are combined by a butterfly (xor 16, 8, 4, 2, 1), and the W warps in order 0..W-1.
+// That tree depends on neither M nor the other rows, nor on how many rows one block computes (R = 1, 2 or 4 by
+// template: the butterfly is a reduce-scatter while slots outnumber lanes, which adds the same pairs in the same
+// order as the plain butterfly), so each output is the same sequence of roundings for any batch: the
+// batch-invariance the CPU kernel gives, and run-to-run determinism (no atomics, no M-dependent split).
 // nvcc runs with --fmad=false so that only the explicit fmaf calls fuse (the reduction stays as written).
 #include <cuda_runtime.h>
 
@@ -15,14 +19,14 @@
 namespace edge {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kTilesPerBlock = 4;
-constexpr int kRows = 8;  // rows per pass; more rows re-read the (cached) weights
+constexpr int kMaxWarps = 4;
+constexpr int kMaxRows = 4;  // 8 measured slower on an H100: 254 registers, too few warps per SM
 
 struct DeviceArgs {
   const float* x;
-  int64_t M, K, N, G, tiles, tile_bytes, group;
-  int bits;
+  int64_t M, K, G, tiles, tile_bytes, group, units;
+  int N, bits, warps;
+  bool vec_x;  // x rows may be read as float4 (K % 4 == 0, 16-byte aligned)
   const uint8_t* codes;
   const float* scales;
   const uint8_t* zeros_u8;
@@ -40,73 +44,178 @@ __device__ __forceinline__ float half_to_float_dev(uint16_t h) {
   return f;
 }
 
-__device__ __forceinline__ uint32_t code_at(int bits, const uint8_t* unit, int j, int i) {
-  const uint32_t w = reinterpret_cast<const uint32_t*>(unit)[j];
-  if (bits == 4) return (w >> (4 * i)) & 15u;
-  uint32_t c = (w >> (2 * i)) & 3u;
-  if (bits == 3) c |= ((reinterpret_cast<const uint16_t*>(unit + 32)[j] >> i) & 1u) << 2;
-  return c;
+// The 8 code words of a unit (one per column) and, for 3-bit, the 8 words of high bits.
+struct Unit {
+  uint32_t w[8];
+  uint32_t hi[8];
+};
+
+template <int BITS>
+__device__ __forceinline__ void load_unit(const uint8_t* p, Unit& u) {
+  const uint4 a = __ldg(reinterpret_cast<const uint4*>(p)), b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+  u.w[0] = a.x, u.w[1] = a.y, u.w[2] = a.z, u.w[3] = a.w, u.w[4] = b.x, u.w[5] = b.y, u.w[6] = b.z, u.w[7] = b.w;
+  if (BITS == 3) {
+    const uint4 c = __ldg(reinterpret_cast<const uint4*>(p) + 2);
+    const uint32_t h[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) u.hi[j] = (h[j / 2] >> (16 * (j % 2))) & 0xffffu;
+  }
 }
 
-__global__ void qmatmul_kernel(DeviceArgs a) {
-  __shared__ float partial[kWarps][kRows][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * 32 + lane;
-  const int64_t tile = col >> 3;
-  const int j = static_cast<int>(col & 7);
-  const bool live = tile < a.tiles;
-  const int uk = a.bits == 4 ? 8 : 16, ub = a.bits == 3 ? 48 : 32;
-  const int64_t units = a.G * a.group / uk;
-  const float zero_default = static_cast<float>(1 << (a.bits - 1));
-  for (int64_t m0 = 0; m0 < a.M; m0 += kRows) {
-    const int rows = static_cast<int>(a.M - m0 < kRows ? a.M - m0 : kRows);
-    float acc[kRows];
+template <int BITS>
+__device__ __forceinline__ float code(const Unit& u, int j, int i) {
+  if (BITS == 4) return static_cast<float>((u.w[j] >> (4 * i)) & 15u);
+  uint32_t c = (u.w[j] >> (2 * i)) & 3u;
+  if (BITS == 3) c |= ((u.hi[j] >> i) & 1u) << 2;
+  return static_cast<float>(c);
+}
+
+// Sum the 8R slots over the 32 lanes with the xor-16..1 butterfly; afterwards lane l holds the totals of slots
+// 8R/32 * l ... (when 8R >= 32) or slot (l * 8R / 32) (when fewer), see owned_slot.
+template <int S>
+__device__ __forceinline__ void warp_sum(float (&v)[S], int lane) {
+  int live = S;  // slots this lane still carries: v[0..live)
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-    if (live) {
-      for (int64_t u = warp; u < units; u += kWarps) {
-        const uint8_t* unit = a.codes + tile * a.tile_bytes + u * ub;
-        const int64_t k0 = u * uk;
-        const int64_t at = (tile * a.G + k0 / a.group) * 8 + j;
-        const float s = a.scales[at];
-        const float z = a.zeros_u8 ? static_cast<float>(a.zeros_u8[at]) : (a.zeros_f32 ? a.zeros_f32[at] : zero_default);
-        for (int i = 0; i < uk; ++i) {
-          const int64_t k = k0 + i;
-          if (k >= a.K) break;
-          const float w = (static_cast<float>(code_at(a.bits, unit, j, i)) - z) * s;
+  for (int off = 16; off >= 1; off >>= 1) {
+    if (live > 1) {
+      const int half = live / 2;
+      const bool upper = lane & off;
 #pragma unroll
-          for (int r = 0; r < kRows; ++r)
-            if (r < rows) acc[r] = fmaf(__ldg(a.x + (m0 + r) * a.K + k), w, acc[r]);
+      for (int i = 0; i < S / 2; ++i) {
+        if (i < half) {
+          const float send = upper ? v[i] : v[i + half];
+          const float keep = upper ? v[i + half] : v[i];
+          v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
         }
       }
+      live = half;
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
     }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) partial[warp][r][lane] = acc[r];
-    __syncthreads();
-    if (warp == 0 && live && col < a.N) {
-      for (int r = 0; r < rows; ++r) {
-        float v = 0.0f;
-        for (int w = 0; w < kWarps; ++w) v += partial[w][r][lane];
-        if (a.outlier_rowptr != nullptr) {
-          for (int32_t e = a.outlier_rowptr[col]; e < a.outlier_rowptr[col + 1]; ++e)
-            v += half_to_float_dev(a.outlier_values[e]) * a.x[(m0 + r) * a.K + a.outlier_cols[e]];
-        }
-        if (a.bias != nullptr) v += a.bias[col];
-        a.y[(m0 + r) * a.N + col] = v;
-      }
-    }
-    __syncthreads();
   }
+}
+
+// The first slot lane `lane` holds after warp_sum: lane bits, high to low, pick halves of the slot range in turn.
+template <int S>
+__device__ __forceinline__ int owned_slot(int lane) {
+  int slot = 0, span = S;
+  for (int off = 16; off >= 1 && span > 1; off >>= 1) {
+    span /= 2;
+    if (lane & off) slot += span;
+  }
+  return slot;
+}
+
+template <int BITS, int R>
+__device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int rows) {
+  constexpr int UK = BITS == 4 ? 8 : 16, UB = BITS == 3 ? 48 : 32, S = 8 * R;
+  constexpr int PER_LANE = S >= 32 ? S / 32 : 1;
+  __shared__ float red[kMaxWarps][S];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float zero_default = static_cast<float>(1 << (BITS - 1));
+  float acc[S];
+#pragma unroll
+  for (int s = 0; s < S; ++s) acc[s] = 0.0f;
+  const uint8_t* tile_codes = a.codes + tile * a.tile_bytes;
+  for (int64_t u = static_cast<int64_t>(warp) * 32 + lane; u < a.units; u += static_cast<int64_t>(a.warps) * 32) {
+    Unit unit;
+    load_unit<BITS>(tile_codes + u * UB, unit);
+    const int64_t k0 = u * UK;
+    const int64_t at = (tile * a.G + k0 / a.group) * 8;
+    float s[8], z[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[j] = __ldg(a.scales + at + j);
+      z[j] = a.zeros_u8 ? static_cast<float>(__ldg(a.zeros_u8 + at + j))
+                        : (a.zeros_f32 ? __ldg(a.zeros_f32 + at + j) : zero_default);
+    }
+    // k in steps of 4: x of every row for those k, then each column's 4 weights, each used by every row.
+    const bool vec = a.vec_x && k0 + UK <= a.K;
+#pragma unroll
+    for (int q = 0; q < UK / 4; ++q) {
+      float xq[R][4];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float* xr = a.x + (m0 + (r < rows ? r : 0)) * a.K + k0 + 4 * q;
+        if (vec) {
+          const float4 f = __ldg(reinterpret_cast<const float4*>(xr));
+          xq[r][0] = f.x, xq[r][1] = f.y, xq[r][2] = f.z, xq[r][3] = f.w;
+        } else {
+#pragma unroll
+          for (int t = 0; t < 4; ++t) xq[r][t] = k0 + 4 * q + t < a.K ? __ldg(xr + t) : 0.0f;  // padded k: x = 0
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const float w = (code<BITS>(unit, j, 4 * q + t) - z[j]) * s[j];
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[r * 8 + j] = fmaf(xq[r][t], w, acc[r * 8 + j]);
+        }
+      }
+    }
+  }
+  warp_sum<S>(acc, lane);
+  const int first = owned_slot<S>(lane);
+  if (S >= 32 || lane % (32 / S) == 0) {
+#pragma unroll
+    for (int p = 0; p < PER_LANE; ++p) red[warp][first + p] = acc[p];
+  }
+  __syncthreads();
+  if (threadIdx.x < S) {
+    const int r = threadIdx.x / 8, j = threadIdx.x % 8;
+    const int64_t col = tile * 8 + j;
+    if (r < rows && col < a.N) {
+      float v = red[0][threadIdx.x];
+      for (int w = 1; w < a.warps; ++w) v += red[w][threadIdx.x];
+      const float* xr = a.x + (m0 + r) * a.K;
+      if (a.outlier_rowptr != nullptr) {
+        for (int32_t e = a.outlier_rowptr[col]; e < a.outlier_rowptr[col + 1]; ++e)
+          v += half_to_float_dev(a.outlier_values[e]) * xr[a.outlier_cols[e]];
+      }
+      if (a.bias != nullptr) v += a.bias[col];
+      a.y[(m0 + r) * a.N + col] = v;
+    }
+  }
+}
+
+// blockIdx.x: tile; blockIdx.y: rows m0 + R*y .. + R-1. R is the kernel's, chosen per launch; the sums do not
+// depend on it, so a full launch of R = 4 and a tail launch of fewer rows give every row the same bits.
+template <int BITS, int R>
+__global__ void __launch_bounds__(kMaxWarps * 32, R >= 2 ? 4 : 8) qmatmul_kernel(DeviceArgs a, int64_t m_begin) {
+  const int64_t m0 = m_begin + static_cast<int64_t>(blockIdx.y) * R;
+  const int rows = static_cast<int>(a.M - m0 < R ? a.M - m0 : R);
+  tile_rows<BITS, R>(a, blockIdx.x, m0, rows);
+}
+
+template <int BITS>
+void launch_bits(const DeviceArgs& a, cudaStream_t s) {
+  const int64_t full = a.M / kMaxRows, tail = a.M % kMaxRows;
+  const dim3 block(a.warps * 32);
+  if (full > 0) qmatmul_kernel<BITS, kMaxRows><<<dim3(a.tiles, full), block, 0, s>>>(a, 0);
+  const int64_t m = full * kMaxRows;
+  if (tail == 1) qmatmul_kernel<BITS, 1><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+  else if (tail == 2) qmatmul_kernel<BITS, 2><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+  else if (tail > 0) qmatmul_kernel<BITS, kMaxRows><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
 }
 
 }  // namespace
 
 std::string launch_qmatmul_cuda(const QMatMulArgs& h, void* stream) {
-  DeviceArgs a{h.x, h.M, h.K, h.N, h.G, h.tiles, h.tile_bytes, h.group, h.bits, h.codes, h.scales, h.zeros_u8,
-               h.zeros_f32, h.bias, h.outlier_values, h.outlier_cols,
+  if (h.M == 0) return "";
+  if (reinterpret_cast<uintptr_t>(h.codes) % 16 != 0) return "the packed codes must be 16-byte aligned";
+  const bool vec_x = h.K % 4 == 0 && reinterpret_cast<uintptr_t>(h.x) % 16 == 0;
+  const int64_t units = h.Kp / unit_k(h.bits);
+  const int warps = static_cast<int>(units >= 96 ? kMaxWarps : (units + 31) / 32);
+  DeviceArgs a{h.x, h.M, h.K, h.G, h.tiles, h.tile_bytes, h.group, units, static_cast<int>(h.N), h.bits, warps,
+               vec_x, h.codes, h.scales, h.zeros_u8, h.zeros_f32, h.bias, h.outlier_values, h.outlier_cols,
                h.outlier_rowptr, h.y};
-  const int64_t blocks = (h.tiles + kTilesPerBlock - 1) / kTilesPerBlock;
-  qmatmul_kernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  if (h.tiles > 0x7fffffff || h.M / kMaxRows > 65535) return "too many rows or columns for one launch";
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (h.bits == 4) launch_bits<4>(a, s);
+  else if (h.bits == 3) launch_bits<3>(a, s);
+  else launch_bits<2>(a, s);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? std::string() : std::string("CUDA launch failed: ") + cudaGetErrorString(err);
 }

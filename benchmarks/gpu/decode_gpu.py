@@ -1,0 +1,187 @@
+"""Decode on a GPU (CUDA EP): the default model on edge's kernels, plain and speculative.
+
+The default package (int4 on edge's kernels, exported here from the GGUF): prefill of benchmarks/decode.py's
+prompt, 128 greedy tokens, and the cost of an M-token step with M logits rows (what verifying M drafted tokens
+costs) relative to a 1-token step; the GPU's greedy tokens against the CPU's for the same package; then speculative
+decoding on the GPU: plain vs prompt lookup on benchmarks/speculative.py's prompts (tokens/s, identical output).
+
+    python benchmarks/gpu/decode_gpu.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf [--work DIR] [--runs 3] [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from decode import PROMPT  # noqa: E402  (benchmarks/decode.py: the same prompt as the CPU decode benchmark)
+
+# The default package (int4-edge). Stock-op packages are refused on CUDA (edge.session.check_cuda_graph): onnxruntime
+# runs their float32 GroupQueryAttention on the CPU, which gave wrong tokens here (benchmarks/RESULTS.md).
+PACKAGES = {"edge int4 (edge.QMatMul + edge.Attention)": dict(quant="int4", kernels="edge", accuracy_level=4)}
+SPEC_TOKENS = 128
+NEW_TOKENS = 128
+STEP_ROWS = (1, 2, 4, 8, 16)
+
+
+def export(gguf: Path, work: Path) -> dict[str, Path]:
+    from edge.export.gguf import load_gguf
+    from edge.export.pipeline import export_model
+
+    out = {}
+    for i, (name, options) in enumerate(PACKAGES.items()):
+        target = work / f"pkg{i}"
+        if not (target / "manifest.json").exists():
+            start = time.perf_counter()
+            export_model(gguf, target, model=load_gguf(gguf), **options)
+            print(f"exported {name} in {time.perf_counter() - start:.0f} s", flush=True)
+        out[name] = target
+    return out
+
+
+def greedy(decoder, ids: list[int], n: int) -> tuple[list[int], float, float]:
+    decoder.reset()
+    start = time.perf_counter()
+    logits = decoder.prefill(ids)
+    prefill = time.perf_counter() - start
+    tokens = []
+    start = time.perf_counter()
+    for _ in range(n):
+        tokens.append(int(np.argmax(logits)))
+        logits = decoder.step([tokens[-1]])[0]
+    return tokens, prefill, time.perf_counter() - start
+
+
+def step_costs(decoder, tokens: list[int], reps: int = 30) -> dict[int, float]:
+    """Median seconds of an M-token step with M logits rows, each rolled back (the cache trimmed) after timing."""
+    base = decoder.cache.length
+    out = {}
+    for m in STEP_ROWS:
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            decoder.step(tokens[:m], logits_rows=list(range(m)))
+            times.append(time.perf_counter() - start)
+            decoder.cache.trim(base)
+        out[m] = statistics.median(times)
+    return out
+
+
+def transformers_peer(gguf: Path, ids: list[int], runs: int) -> list[str]:
+    """Hugging Face transformers on the same GPU (the GGUF dequantized by its own loader, greedy generate with its
+    default cache), float32 and bfloat16: prefill and decode tokens/s, medians."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).to("cuda")
+    x = torch.tensor([ids], device="cuda")
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        model = model.to(dtype)
+        timings = {"prefill": [], "total": []}
+        for i in range(runs + 1):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            with torch.no_grad():
+                model(x)
+            torch.cuda.synchronize()
+            prefill = time.perf_counter() - start
+            start = time.perf_counter()
+            model.generate(x, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+            torch.cuda.synchronize()
+            if i:  # the first run warms up
+                timings["prefill"].append(prefill)
+                timings["total"].append(time.perf_counter() - start)
+        pre, total = statistics.median(timings["prefill"]), statistics.median(timings["total"])
+        rows.append(f"| transformers {transformers.__version__} (torch {torch.__version__}) {str(dtype).split('.')[-1]} | "
+                    f"{len(ids) / pre:.0f} | {NEW_TOKENS / (total - pre):.1f} | | | | | |")
+    return rows
+
+
+def speculative_table(path: Path, device: str) -> str:
+    """Plain vs prompt-lookup decoding on the GPU, benchmarks/speculative.py's categories, 2 alternating runs."""
+    from speculative import CATEGORIES, messages_for, run_once
+
+    from edge.engine import Engine
+
+    plain = Engine(path, device=device, context_length=2048)
+    spec = Engine(path, device=device, context_length=2048, speculator="prompt-lookup")
+    lines = [f"## Speculative decoding on the GPU (prompt lookup, {SPEC_TOKENS} tokens, edge kernels)", "",
+             "| category | prompt | plain tok/s | lookup tok/s | ratio | accepted / target call | identical |",
+             "|---|---|---|---|---|---|---|"]
+    for category, prompts in CATEGORIES.items():
+        for i, turns in enumerate(prompts):
+            messages = messages_for(plain, turns, SPEC_TOKENS)
+            runs = {"plain": [], "spec": []}
+            for _ in range(2):
+                runs["plain"].append(run_once(plain, messages, SPEC_TOKENS))
+                runs["spec"].append(run_once(spec, messages, SPEC_TOKENS))
+            rate = {k: statistics.median(r["n"] / r["seconds"] for r in v) for k, v in runs.items()}
+            st = runs["spec"][-1]["spec"]
+            per_call = (st.accepted + st.target_calls) / st.target_calls if st and st.target_calls else float("nan")
+            same = runs["plain"][-1]["ids"] == runs["spec"][-1]["ids"]
+            lines.append(f"| {category} | {i + 1} | {rate['plain']:.1f} | {rate['spec']:.1f} | "
+                         f"{rate['spec'] / rate['plain']:.2f} | {per_call:.2f} | {'yes' if same else 'NO'} |")
+            print(lines[-1], flush=True)
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gguf", type=Path, required=True)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/edge-gpu-packages"))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "decode_gpu.md")
+    args = parser.parse_args()
+    from edge.model import Decoder
+    from edge.package import load_package
+    from edge.tokenizer import Tokenizer
+
+    paths = export(args.gguf, args.work)
+    packages = {name: load_package(p) for name, p in paths.items()}
+    ids = Tokenizer(next(iter(packages.values())).tokenizer_path).encode(PROMPT)
+    decoders = {name: Decoder(p, context_length=1024, device=args.device) for name, p in packages.items()}
+    for d in decoders.values():  # warm-up: CUDA kernels loaded, allocator grown
+        greedy(d, ids[:32], 8)
+    results: dict[str, dict[str, list]] = {name: {"prefill": [], "decode": [], "steps": []} for name in decoders}
+    tokens: dict[str, list[int]] = {}
+    for _ in range(args.runs):
+        for name, d in decoders.items():
+            toks, prefill, decode = greedy(d, ids, NEW_TOKENS)
+            tokens[name] = toks
+            results[name]["prefill"].append(prefill)
+            results[name]["decode"].append(decode)
+            results[name]["steps"].append(step_costs(d, toks))
+    lines = [f"## Decode on the GPU: {len(ids)}-token prompt, {NEW_TOKENS} greedy tokens, medians of {args.runs} runs",
+             "", "| package | prefill tok/s | decode tok/s | step M=2 / M=1 | M=4 | M=8 | M=16 | 1-token step ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        steps = {m: statistics.median(s[m] for s in r["steps"]) for m in STEP_ROWS}
+        lines.append(f"| {name} | {len(ids) / statistics.median(r['prefill']):.0f} | "
+                     f"{NEW_TOKENS / statistics.median(r['decode']):.1f} | " +
+                     " | ".join(f"{steps[m] / steps[1]:.2f}" for m in STEP_ROWS[1:]) + f" | {steps[1] * 1e3:.2f} |")
+    del decoders
+    if args.device == "cuda":
+        lines += transformers_peer(args.gguf, ids, args.runs)
+    lines += ["", "GPU greedy tokens vs the CPU's (same package, first 32 tokens):", ""]
+    for name, package in packages.items():
+        cpu, _, _ = greedy(Decoder(package, context_length=1024, device="cpu"), ids, 32)
+        same = next((i for i, (a, b) in enumerate(zip(cpu, tokens[name])) if a != b), 32)
+        lines.append(f"- {name}: first {same} of 32 identical")
+    lines += ["", speculative_table(paths[next(iter(PACKAGES))], args.device)]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
