@@ -17,7 +17,7 @@ class KVCache:
     def __init__(self, config: ModelConfig, capacity: int, device: str = "cpu"):
         self.capacity = capacity
         self.length = 0
-        shape = (1, config.num_kv_heads, capacity, config.head_dim)
+        self.shape = shape = (1, config.num_kv_heads, capacity, config.head_dim)
         if device == "cpu":
             # numpy owns the memory (pages are committed only when written) and the OrtValues alias it, so the
             # runtime can compact entries with numpy and tests can read the cache directly.
@@ -43,8 +43,10 @@ class KVCache:
         src = [start + o for o in offsets]
         if src != list(range(start, start + len(src))):  # a chain's accepted prefix is already in place
             if not self.arrays:
-                raise NotImplementedError("compacting a device cache (a draft tree's accepted path) is not "
-                                          "implemented; on a GPU, use a chain drafter such as prompt-lookup")
+                from edge.kernels.library import cuda_cache_keep
+
+                _, kv_heads, capacity, head_dim = self.shape
+                cuda_cache_keep([v.data_ptr() for v in self.values], kv_heads, capacity, head_dim, start, src)
             for a in self.arrays:
                 a[:, :, start:start + len(src)] = a[:, :, src]
         self.length = start + len(src)

@@ -8,6 +8,7 @@ error naming what to install when the library is missing or does not match the r
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,27 @@ def kernel_isa(bits: int = 4, accuracy_level: int = 0) -> str | None:
     fn = ctypes.CDLL(str(path)).EdgeKernelsIsa
     fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int, ctypes.c_int]
     return fn(bits, accuracy_level).decode()
+
+
+@functools.cache
+def _cache_keep_fn() -> Any:
+    path = library_path(cuda=True)
+    if path is None or path.name != CUDA_LIBRARY:
+        raise KernelLibraryError("compacting a KV cache in GPU memory needs the CUDA build of edge's kernels "
+                                 "(nvcc at install time), or a chain drafter such as prompt-lookup")
+    fn = ctypes.CDLL(str(path)).edge_cache_keep
+    fn.restype = ctypes.c_char_p
+    i64 = ctypes.c_int64
+    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), i64, i64, i64, i64, i64, ctypes.POINTER(i64), i64]
+    return fn
+
+
+def cuda_cache_keep(pointers: list[int], kv_heads: int, capacity: int, head_dim: int, start: int,
+                    src: list[int]) -> None:
+    """Move rows src (increasing, each at or after its destination) of every device cache buffer (float32, (1,
+    kv_heads, capacity, head_dim)) to rows start, start+1, ...: a draft tree's accepted path, compacted on the GPU."""
+    buffers = (ctypes.c_void_p * len(pointers))(*pointers)
+    rows = (ctypes.c_int64 * len(src))(*src)
+    err = _cache_keep_fn()(buffers, len(pointers), kv_heads, capacity, head_dim, start, rows, len(src))
+    if err:
+        raise KernelLibraryError(err.decode())

@@ -111,3 +111,28 @@ def test_non_finite_row_stays_in_its_row(bad: float) -> None:
     y = run(x)
     assert not np.isfinite(y[1]).all()
     np.testing.assert_array_equal(y[[0, 2]], np.concatenate([run(x[:1]), run(x[2:])]))
+
+
+def test_device_cache_keep_moves_a_tree_path_like_numpy() -> None:
+    """KVCache.keep on GPU memory (edge_cache_keep): the accepted rows move into place, nothing else changes."""
+    from types import SimpleNamespace
+
+    import onnxruntime as ort
+
+    from edge.kv_cache import KVCache
+
+    config = SimpleNamespace(num_kv_heads=3, head_dim=64, num_layers=2)
+    cache = KVCache(config, 40, device="cuda")
+    rng = np.random.default_rng(8)
+    data = [rng.standard_normal(cache.shape).astype(np.float32) for _ in cache.values]
+    for value, array in zip(cache.values, data):
+        value.update_inplace(array)
+    cache.length = 30
+    cache.keep(20, [0, 2, 3, 7, 9])
+    assert cache.length == 25
+    src = [20, 22, 23, 27, 29]
+    for value, array in zip(cache.values, data):
+        want = array.copy()
+        want[:, :, 20:25] = array[:, :, src]
+        np.testing.assert_array_equal(value.numpy(), want)
+    assert isinstance(cache.values[0], ort.OrtValue)

@@ -105,30 +105,37 @@ def transformers_peer(gguf: Path, ids: list[int], runs: int) -> list[str]:
     return rows
 
 
+DRAFTERS = ("prompt-lookup", "recycling", "auto")
+
+
 def speculative_table(path: Path, device: str) -> str:
-    """Plain vs prompt-lookup decoding on the GPU, benchmarks/speculative.py's categories, 2 alternating runs."""
+    """Plain vs each drafter on the GPU, benchmarks/speculative.py's categories, 2 alternating runs each."""
     from speculative import CATEGORIES, messages_for, run_once
 
     from edge.engine import Engine
 
-    plain = Engine(path, device=device, context_length=2048)
-    spec = Engine(path, device=device, context_length=2048, speculator="prompt-lookup")
-    lines = [f"## Speculative decoding on the GPU (prompt lookup, {SPEC_TOKENS} tokens, edge kernels)", "",
-             "| category | prompt | plain tok/s | lookup tok/s | ratio | accepted / target call | identical |",
-             "|---|---|---|---|---|---|---|"]
+    engines = {"plain": Engine(path, device=device, context_length=2048)}
+    engines.update({d: Engine(path, device=device, context_length=2048, speculator=d) for d in DRAFTERS})
+    lines = [f"## Speculative decoding on the GPU ({SPEC_TOKENS} tokens, edge kernels): tok/s, ratio to plain, "
+             "tokens per target call; identical = every drafter's output equals plain greedy", "",
+             "| category | prompt | plain tok/s | " + " | ".join(DRAFTERS) + " | identical |",
+             "|---|---|---|" + "---|" * len(DRAFTERS) + "---|"]
     for category, prompts in CATEGORIES.items():
         for i, turns in enumerate(prompts):
-            messages = messages_for(plain, turns, SPEC_TOKENS)
-            runs = {"plain": [], "spec": []}
+            messages = messages_for(engines["plain"], turns, SPEC_TOKENS)
+            runs: dict[str, list] = {name: [] for name in engines}
             for _ in range(2):
-                runs["plain"].append(run_once(plain, messages, SPEC_TOKENS))
-                runs["spec"].append(run_once(spec, messages, SPEC_TOKENS))
+                for name, engine in engines.items():
+                    runs[name].append(run_once(engine, messages, SPEC_TOKENS))
             rate = {k: statistics.median(r["n"] / r["seconds"] for r in v) for k, v in runs.items()}
-            st = runs["spec"][-1]["spec"]
-            per_call = (st.accepted + st.target_calls) / st.target_calls if st and st.target_calls else float("nan")
-            same = runs["plain"][-1]["ids"] == runs["spec"][-1]["ids"]
-            lines.append(f"| {category} | {i + 1} | {rate['plain']:.1f} | {rate['spec']:.1f} | "
-                         f"{rate['spec'] / rate['plain']:.2f} | {per_call:.2f} | {'yes' if same else 'NO'} |")
+            cells = []
+            for d in DRAFTERS:
+                st = runs[d][-1]["spec"]
+                per_call = (st.accepted + st.target_calls) / st.target_calls if st and st.target_calls else float("nan")
+                cells.append(f"{rate[d]:.0f} ({rate[d] / rate['plain']:.2f}x, {per_call:.2f})")
+            same = all(runs[d][-1]["ids"] == runs["plain"][-1]["ids"] for d in DRAFTERS)
+            lines.append(f"| {category} | {i + 1} | {rate['plain']:.0f} | " + " | ".join(cells) +
+                         f" | {'yes' if same else 'NO'} |")
             print(lines[-1], flush=True)
     return "\n".join(lines) + "\n"
 
