@@ -43,11 +43,14 @@ def _value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:
 
 
 def qmatmul_model(packed: PackedWeight, x_shape: list[int | str], bias: np.ndarray | None = None,
-                  weights_as_inputs: bool = False, accuracy_level: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """A one-node model Y = QMatMul(X); returns it and the weight feeds (empty when weights are initializers)."""
+                  weights_as_inputs: bool = False, accuracy_level: int = 0,
+                  float16: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A one-node model Y = QMatMul(X), X and Y float32 (or float16); returns it and the weight feeds (empty when
+    weights are initializers)."""
     tensors = qmatmul_tensors(packed, "w", bias)
     node = qmatmul_node("X", "Y", packed, "w", has_bias=bias is not None, accuracy_level=accuracy_level)
-    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)]
+    dtype = TensorProto.FLOAT16 if float16 else TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info("X", dtype, x_shape)]
     out_shape = [*x_shape[:-1], packed.n]
     initializers = []
     if weights_as_inputs:
@@ -55,7 +58,7 @@ def qmatmul_model(packed: PackedWeight, x_shape: list[int | str], bias: np.ndarr
     else:
         initializers = [numpy_helper.from_array(a, name) for name, a in tensors.items()]
     graph = helper.make_graph([node], "edge_qmatmul", inputs,
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, out_shape)], initializers)
+                              [helper.make_tensor_value_info("Y", dtype, out_shape)], initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
                               ir_version=IR_VERSION)
     return model, (tensors if weights_as_inputs else {})

@@ -50,10 +50,12 @@ class QMatMulRunner:
     """
 
     def __init__(self, packed: ek.PackedWeight, bias: np.ndarray | None = None, weights_as_inputs: bool = False,
-                 rank3: bool = False, threads: int = 2, accuracy_level: int = 0, cuda: bool = False):
+                 rank3: bool = False, threads: int = 2, accuracy_level: int = 0, cuda: bool = False,
+                 float16: bool = False):
         ensure_library()
         x_shape = [1, "M", packed.k] if rank3 else ["M", packed.k]
-        model, self.feeds = qmatmul_model(packed, x_shape, bias, weights_as_inputs, accuracy_level)
+        model, self.feeds = qmatmul_model(packed, x_shape, bias, weights_as_inputs, accuracy_level, float16)
+        self.dtype = np.float16 if float16 else np.float32
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         ek.register(so, cuda=cuda)
@@ -68,11 +70,11 @@ class QMatMulRunner:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         io = self.sess.io_binding()
-        x = np.ascontiguousarray(x, dtype=np.float32)
+        x = np.ascontiguousarray(x, dtype=self.dtype)
         io.bind_ortvalue_input("X", ort.OrtValue.ortvalue_from_numpy(x, *self.device))
         for name, value in self.weights.items():
             io.bind_ortvalue_input(name, value)
-        out = np.full((*x.shape[:-1], self.n), np.nan, dtype=np.float32)
+        out = np.full((*x.shape[:-1], self.n), np.nan, dtype=self.dtype)
         y = ort.OrtValue.ortvalue_from_numpy(out, *self.device)  # on the CPU: wraps `out` without a copy
         io.bind_ortvalue_output("Y", y)
         self.sess.run_with_iobinding(io)

@@ -269,3 +269,22 @@ def test_non_finite_row_stays_in_its_row(bits: int, bad: float) -> None:
     y = run(x)
     assert not np.isfinite(y[1]).all()
     np.testing.assert_array_equal(y[[0, 2]], np.concatenate([run(x[:1]), run(x[2:])]))
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+def test_float16_activations_are_the_float32_op_rounded_once(bits: int, accuracy_level: int) -> None:
+    """float16 X and Y (the op's second registration, picked by X's type): widened exactly, computed in float32,
+    rounded to nearest once, so bitwise the float32 op's result on the same values, rounded; batch-invariant."""
+    rng = np.random.default_rng(40 + bits)
+    packed, w = make_weight(rng, 45, 200, bits, 32, outliers=15)
+    bias = rng.standard_normal(45).astype(np.float32)
+    half = QMatMulRunner(packed, bias, float16=True, accuracy_level=accuracy_level)
+    full = QMatMulRunner(packed, bias, accuracy_level=accuracy_level)
+    x = rng.standard_normal((9, 200)).astype(np.float16)
+    y = half(x)
+    assert y.dtype == np.float16
+    np.testing.assert_array_equal(y, full(x.astype(np.float32)).astype(np.float16))
+    np.testing.assert_array_equal(np.concatenate([half(x[i : i + 1]) for i in range(9)]), y)
+    if accuracy_level == 0:
+        assert_close_to_reference(y.astype(np.float32), x.astype(np.float32), w, bias, rtol=2e-3)

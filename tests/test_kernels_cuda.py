@@ -136,3 +136,16 @@ def test_device_cache_keep_moves_a_tree_path_like_numpy() -> None:
         want[:, :, 20:25] = array[:, :, src]
         np.testing.assert_array_equal(value.numpy(), want)
     assert isinstance(cache.values[0], ort.OrtValue)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_float16_activations_are_the_float32_kernel_rounded_once(bits: int) -> None:
+    rng = np.random.default_rng(50 + bits)
+    packed, w = make_weight(rng, 45, 200, bits, 32, outliers=15)
+    bias = rng.standard_normal(45).astype(np.float32)
+    half, full = QMatMulRunner(packed, bias, float16=True, cuda=True), QMatMulRunner(packed, bias, cuda=True)
+    x = rng.standard_normal((9, 200)).astype(np.float16)
+    y = half(x)
+    assert y.dtype == np.float16
+    np.testing.assert_array_equal(y, full(x.astype(np.float32)).astype(np.float16))
+    np.testing.assert_array_equal(np.concatenate([half(x[i : i + 1]) for i in range(9)]), y)

@@ -188,7 +188,7 @@ OrtCustomOp make_custom_op(const CustomOpSpec& spec) {
   op.GetExecutionProviderType = spec.provider;
   op.GetInputType = spec.input_type;
   op.GetInputTypeCount = spec.input_count;
-  op.GetOutputType = float_output;
+  op.GetOutputType = spec.output_type != nullptr ? spec.output_type : float_output;
   op.GetOutputTypeCount = spec.output_count;
   op.KernelCompute = spec.compute_v1;
   op.KernelDestroy = spec.destroy;

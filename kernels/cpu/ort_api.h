@@ -96,7 +96,7 @@ struct TensorView {
 OrtStatus* view_input(OrtKernelContext* ctx, size_t index, size_t count, TensorView* v);
 
 // What differs between edge's ops. make_custom_op() fills the rest of the version-17 struct the same way for all:
-// float32 outputs, every output required, no variadic arguments, and a version-1
+// every output required, no variadic arguments, and a version-1
 // CreateKernel that calls `create` (runtimes of this API version call the V2 entries; v1 is kept for safety).
 struct CustomOpSpec {
   const char* (*name)(const OrtCustomOp*);
@@ -111,6 +111,7 @@ struct CustomOpSpec {
   void (*compute_v1)(void*, OrtKernelContext*);  // `compute` with its status dropped
   // Where each input must be (0: the provider's memory; kOrtMemTypeCPUInput: the host); nullptr: all 0.
   int (*input_memory)(const OrtCustomOp*, size_t) = nullptr;
+  int (*output_type)(const OrtCustomOp*, size_t) = nullptr;  // nullptr: every output float32
 };
 
 constexpr int kOrtMemTypeCPUInput = -2;

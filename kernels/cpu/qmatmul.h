@@ -103,5 +103,6 @@ bool reads_digits(TilesFn fn);
 bool uses_avx2();
 
 float half_to_float(uint16_t h);
+uint16_t float_to_half(float f);  // round to nearest even, as every IEEE conversion
 
 }  // namespace edge

@@ -20,7 +20,7 @@ std::string size_error(size_t index, int64_t got, int64_t want, const std::strin
 
 std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) {
   const TensorView& x = in[0];
-  if (x.type != kOrtFloat) return type_error(0, x.type, "float32");
+  if (x.type != kOrtFloat && x.type != kOrtFloat16) return type_error(0, x.type, "float32 or float16");
   if (x.dims.empty() || x.dims.back() != k.K)
     return "input 'X' must have last dimension K=" + std::to_string(k.K);
   if (in[1].type != kOrtUint8) return type_error(1, in[1].type, "uint8");
@@ -69,7 +69,9 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
   finish_layout(a);
   if (std::string err = check(k, in, a); !err.empty()) return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
   a.M = in[0].count / k.K;
-  a.x = static_cast<const float*>(in[0].data);
+  const bool half = in[0].type == kOrtFloat16;
+  if (half) out->x16 = static_cast<const uint16_t*>(in[0].data);
+  else a.x = static_cast<const float*>(in[0].data);
   a.ldx = k.K;
   a.codes = static_cast<const uint8_t*>(in[1].data);
   a.scales = static_cast<const float*>(in[2].data);
@@ -90,7 +92,8 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
   if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 0, out->out_dims.data(), out->out_dims.size(), &y)) return st;
   void* y_data = nullptr;
   if (OrtStatus* st = g_ort.GetTensorMutableData(y, &y_data)) return st;
-  a.y = static_cast<float*>(y_data);
+  if (half) out->y16 = static_cast<uint16_t*>(y_data);
+  else a.y = static_cast<float*>(y_data);
   return nullptr;
 }
 

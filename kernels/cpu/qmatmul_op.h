@@ -19,6 +19,9 @@ struct QMatMulKernel {
 struct BoundTensors {
   QMatMulArgs args;
   std::vector<int64_t> out_dims;
+  // float16 X and Y (the op's float16 registration): args.x and args.y stay null, the kernel converts.
+  const uint16_t* x16 = nullptr;
+  uint16_t* y16 = nullptr;
 };
 
 // Read, type-check and size-check all inputs, allocate the output, and fill args (layout fields included).
@@ -28,13 +31,14 @@ OrtStatus* bind_tensors(const QMatMulKernel& kernel, OrtKernelContext* ctx, Boun
 // Check CSR outliers on the host ("" when fine or absent): row_ptr monotone from 0 to nnz, columns in [0, K).
 std::string validate_outliers_host(const QMatMulArgs& a);
 
-// An OrtCustomOp (version 17) for edge.QMatMul on the given execution provider (nullptr provider = CPU).
+// An OrtCustomOp (version 17) for edge.QMatMul on the given execution provider (nullptr provider = CPU), with
+// float32 X and Y, or float16 ones (half): registered side by side, onnxruntime picks by X's type.
 OrtCustomOp make_qmatmul_op(const char* (*provider)(const OrtCustomOp*), OrtStatus* (*compute)(void*, OrtKernelContext*),
-                            void (*compute_v1)(void*, OrtKernelContext*));
+                            void (*compute_v1)(void*, OrtKernelContext*), bool half);
 
 #ifdef EDGE_WITH_CUDA
-// The CUDAExecutionProvider registration of the same op (cuda/qmatmul_cuda_op.cc).
-const OrtCustomOp* cuda_op();
+// The CUDAExecutionProvider registrations of the same op, float32 and float16 (cuda/qmatmul_cuda_op.cc).
+const OrtCustomOp* cuda_op(bool half);
 #endif
 
 }  // namespace edge

@@ -54,6 +54,28 @@ float half_to_float(uint16_t h) {
   return f;
 }
 
+uint16_t float_to_half(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t exp = (bits >> 23) & 0xffu, man = bits & 0x7fffffu;
+  if (exp == 0xff) return sign | 0x7c00u | (man != 0 ? 0x200u : 0u);  // inf / nan (quiet)
+  const int e = static_cast<int>(exp) - 127 + 15;                      // the half's biased exponent
+  if (e >= 31) return sign | 0x7c00u;                                  // overflow: inf
+  // Keep the top 10 mantissa bits (with the implicit one for subnormal halves) and round the rest to even.
+  uint32_t full = man | 0x800000u, shift = 13;
+  if (e <= 0) {
+    if (e < -10) return sign;  // below half the smallest subnormal: zero
+    shift = static_cast<uint32_t>(14 - e);
+  } else {
+    full = man;
+  }
+  uint32_t out = full >> shift;
+  const uint32_t rest = full & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+  if (rest > halfway || (rest == halfway && (out & 1u))) ++out;  // may carry into the exponent: still correct
+  return static_cast<uint16_t>(sign | ((e > 0 ? static_cast<uint32_t>(e) << 10 : 0u) + out));
+}
+
 void finish_tile_row(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense8) {
   const float* xr = a.x + m * a.ldx;
   float* yr = a.y + m * a.N;

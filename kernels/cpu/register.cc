@@ -3,13 +3,13 @@
 // CUDAExecutionProvider.
 //
 // Inputs of edge.QMatMul (attributes K, N, bits, group_size, optional accuracy_level 0 or 4):
-//   0 X        float32 (..., K)
+//   0 X        float32 or float16 (..., K); Y has X's type (two registrations, onnxruntime picks by type)
 //   1 codes    uint8, the packed codes (any shape; only the byte count is checked)
 //   2 scales   float32, (ceil(N/8), Kp/group, 8)
 //   3 zeros    optional, uint8 or float32, same shape as scales (absent: 2^(bits-1))
 //   4 bias     optional, float32 (N,)
 //   5-7        optional CSR outliers added to W: values float16 (nnz,), columns int32 (nnz,), row_ptr int32 (N+1,)
-// Output Y float32 (..., N).
+// Output Y (..., N).
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -35,6 +35,8 @@ int input_type(const OrtCustomOp*, size_t index) {
     default: return kOrtInt32;
   }
 }
+int input_type_f16(const OrtCustomOp* op, size_t index) { return index == 0 ? kOrtFloat16 : input_type(op, index); }
+int output_type_f16(const OrtCustomOp*, size_t) { return kOrtFloat16; }
 size_t input_count(const OrtCustomOp*) { return kNumInputs; }
 size_t output_count(const OrtCustomOp*) { return 1; }
 int input_characteristic(const OrtCustomOp*, size_t index) { return index < 3 ? kOrtRequired : kOrtOptional; }
@@ -142,6 +144,18 @@ void prepare_activations(QMatMulArgs& a, TilesFn fn) {
   }
 }
 
+// Prepare the activations and run every tile, split over ORT's threads when the call is big enough.
+OrtStatus* run_tiles(QMatMulArgs& a, OrtKernelContext* ctx) {
+  TileJob job{&a, select_tiles_fn(a.bits, a.digits), 1};
+  prepare_activations(a, job.fn);
+
+  const int64_t work = a.M * a.Kp * a.tiles * 8;
+  if (work >= (int64_t{1} << 17) && a.tiles >= 4) job.chunks = std::min<int64_t>(a.tiles / 2, 8);
+  if (job.chunks > 1) return g_ort.KernelContext_ParallelFor(ctx, run_chunk, static_cast<size_t>(job.chunks), 0, &job);
+  run_chunk(&job, 0);
+  return nullptr;
+}
+
 OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
   const auto* k = static_cast<const QMatMulKernel*>(kernel);
   BoundTensors t;
@@ -150,17 +164,17 @@ OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
   if (a.M == 0) return nullptr;
   if (std::string err = validate_outliers_host(a); !err.empty())
     return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
-  TileJob job{&a, select_tiles_fn(a.bits, a.digits), 1};
-  prepare_activations(a, job.fn);
-
-  const int64_t work = a.M * a.Kp * a.tiles * 8;
-  if (work >= (int64_t{1} << 17) && a.tiles >= 4) job.chunks = std::min<int64_t>(a.tiles / 2, 8);
-  if (job.chunks > 1) {
-    if (OrtStatus* st = g_ort.KernelContext_ParallelFor(ctx, run_chunk, static_cast<size_t>(job.chunks), 0, &job))
-      return st;
-  } else {
-    run_chunk(&job, 0);
+  thread_local std::vector<float> x32, y32;  // float16 X and Y: widened on entry, rounded once on exit
+  if (t.x16 != nullptr) {
+    x32.resize(static_cast<size_t>(a.M * a.K));
+    y32.resize(static_cast<size_t>(a.M * a.N));
+    for (size_t i = 0; i < x32.size(); ++i) x32[i] = half_to_float(t.x16[i]);
+    a.x = x32.data();
+    a.y = y32.data();
   }
+  if (OrtStatus* st = run_tiles(a, ctx)) return st;
+  if (t.y16 != nullptr)
+    for (size_t i = 0; i < y32.size(); ++i) t.y16[i] = float_to_half(y32[i]);
   return nullptr;
 }
 
@@ -173,23 +187,27 @@ void compute_v1(void* kernel, OrtKernelContext* ctx) {
 
 OrtCustomOp make_qmatmul_op(const char* (*provider)(const OrtCustomOp*),
                             OrtStatus* (*compute)(void*, OrtKernelContext*),
-                            void (*compute_v1_fn)(void*, OrtKernelContext*)) {
-  return make_custom_op({op_name, provider, input_type, input_count, output_count, input_characteristic,
-                         create_kernel, destroy_kernel, compute, compute_v1_fn});
+                            void (*compute_v1_fn)(void*, OrtKernelContext*), bool half) {
+  return make_custom_op({op_name, provider, half ? input_type_f16 : input_type, input_count, output_count,
+                         input_characteristic, create_kernel, destroy_kernel, compute, compute_v1_fn, nullptr,
+                         half ? output_type_f16 : nullptr});
 }
 
 namespace {
 
 // Static storage: ORT keeps pointers to the ops for the life of every session.
-OrtCustomOp g_cpu_op = make_qmatmul_op(cpu_provider, compute_cpu, compute_v1);
+OrtCustomOp g_cpu_op = make_qmatmul_op(cpu_provider, compute_cpu, compute_v1, false);
+OrtCustomOp g_cpu_op_f16 = make_qmatmul_op(cpu_provider, compute_cpu, compute_v1, true);
 
 OrtStatus* add_ops(OrtSessionOptions* options) {
   OrtCustomOpDomain* domain = nullptr;
   if (OrtStatus* st = g_ort.CreateCustomOpDomain("edge", &domain)) return st;
   OrtStatus* st = g_ort.CustomOpDomain_Add(domain, &g_cpu_op);
+  if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, &g_cpu_op_f16);
   if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cpu_attention_op());
 #ifdef EDGE_WITH_CUDA
-  if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cuda_op());
+  if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cuda_op(false));
+  if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cuda_op(true));
   if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cuda_attention_op());
 #endif
   if (st == nullptr) st = g_ort.AddCustomOpDomain(options, domain);

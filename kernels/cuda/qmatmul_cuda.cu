@@ -9,6 +9,7 @@
 // order as the plain butterfly), so each output is the same sequence of roundings for any batch: the
 // batch-invariance the CPU kernel gives, and run-to-run determinism (no atomics, no M-dependent split).
 // nvcc runs with --fmad=false so that only the explicit fmaf calls fuse (the reduction stays as written).
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <string>
@@ -23,7 +24,7 @@ constexpr int kMaxWarps = 4;
 constexpr int kMaxRows = 4;  // 8 measured slower on an H100: 254 registers, too few warps per SM
 
 struct DeviceArgs {
-  const float* x;
+  const void* x;  // float, or __half for the float16 registration (then y is __half too)
   int64_t M, K, G, tiles, tile_bytes, group, units;
   int N, bits, warps;
   bool vec_x;  // x rows may be read as float4 (K % 4 == 0, 16-byte aligned)
@@ -35,8 +36,13 @@ struct DeviceArgs {
   const uint16_t* outlier_values;
   const int32_t* outlier_cols;
   const int32_t* outlier_rowptr;
-  float* y;
+  void* y;
 };
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
 
 __device__ __forceinline__ float half_to_float_dev(uint16_t h) {
   float f;
@@ -106,8 +112,9 @@ __device__ __forceinline__ int owned_slot(int lane) {
   return slot;
 }
 
-template <int BITS, int R>
+template <int BITS, int R, typename T>
 __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int rows) {
+  const T* x = static_cast<const T*>(a.x);
   constexpr int UK = BITS == 4 ? 8 : 16, UB = BITS == 3 ? 48 : 32, S = 8 * R;
   constexpr int PER_LANE = S >= 32 ? S / 32 : 1;
   __shared__ float red[kMaxWarps][S];
@@ -130,19 +137,20 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
                         : (a.zeros_f32 ? __ldg(a.zeros_f32 + at + j) : zero_default);
     }
     // k in steps of 4: x of every row for those k, then each column's 4 weights, each used by every row.
-    const bool vec = a.vec_x && k0 + UK <= a.K;
+    const bool vec = sizeof(T) == 4 && a.vec_x && k0 + UK <= a.K;
 #pragma unroll
     for (int q = 0; q < UK / 4; ++q) {
       float xq[R][4];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const float* xr = a.x + (m0 + (r < rows ? r : 0)) * a.K + k0 + 4 * q;
+        const T* xr = x + (m0 + (r < rows ? r : 0)) * a.K + k0 + 4 * q;
         if (vec) {
           const float4 f = __ldg(reinterpret_cast<const float4*>(xr));
           xq[r][0] = f.x, xq[r][1] = f.y, xq[r][2] = f.z, xq[r][3] = f.w;
         } else {
 #pragma unroll
-          for (int t = 0; t < 4; ++t) xq[r][t] = k0 + 4 * q + t < a.K ? __ldg(xr + t) : 0.0f;  // padded k: x = 0
+          for (int t = 0; t < 4; ++t)  // padded k: x = 0
+            xq[r][t] = k0 + 4 * q + t < a.K ? to_float(__ldg(xr + t)) : 0.0f;
         }
       }
 #pragma unroll
@@ -169,53 +177,61 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
     if (r < rows && col < a.N) {
       float v = red[0][threadIdx.x];
       for (int w = 1; w < a.warps; ++w) v += red[w][threadIdx.x];
-      const float* xr = a.x + (m0 + r) * a.K;
+      const T* xr = x + (m0 + r) * a.K;
       if (a.outlier_rowptr != nullptr) {
         for (int32_t e = a.outlier_rowptr[col]; e < a.outlier_rowptr[col + 1]; ++e)
-          v += half_to_float_dev(a.outlier_values[e]) * xr[a.outlier_cols[e]];
+          v += half_to_float_dev(a.outlier_values[e]) * to_float(xr[a.outlier_cols[e]]);
       }
       if (a.bias != nullptr) v += a.bias[col];
-      a.y[(m0 + r) * a.N + col] = v;
+      store(static_cast<T*>(a.y) + (m0 + r) * a.N + col, v);
     }
   }
 }
 
 // blockIdx.x: tile; blockIdx.y: rows m0 + R*y .. + R-1. R is the kernel's, chosen per launch; the sums do not
 // depend on it, so a full launch of R = 4 and a tail launch of fewer rows give every row the same bits.
-template <int BITS, int R>
+template <int BITS, int R, typename T>
 __global__ void __launch_bounds__(kMaxWarps * 32, R >= 2 ? 4 : 8) qmatmul_kernel(DeviceArgs a, int64_t m_begin) {
   const int64_t m0 = m_begin + static_cast<int64_t>(blockIdx.y) * R;
   const int rows = static_cast<int>(a.M - m0 < R ? a.M - m0 : R);
-  tile_rows<BITS, R>(a, blockIdx.x, m0, rows);
+  tile_rows<BITS, R, T>(a, blockIdx.x, m0, rows);
 }
 
-template <int BITS>
+template <int BITS, typename T>
 void launch_bits(const DeviceArgs& a, cudaStream_t s) {
   const int64_t full = a.M / kMaxRows, tail = a.M % kMaxRows;
   const dim3 block(a.warps * 32);
-  if (full > 0) qmatmul_kernel<BITS, kMaxRows><<<dim3(a.tiles, full), block, 0, s>>>(a, 0);
+  if (full > 0) qmatmul_kernel<BITS, kMaxRows, T><<<dim3(a.tiles, full), block, 0, s>>>(a, 0);
   const int64_t m = full * kMaxRows;
-  if (tail == 1) qmatmul_kernel<BITS, 1><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
-  else if (tail == 2) qmatmul_kernel<BITS, 2><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
-  else if (tail > 0) qmatmul_kernel<BITS, kMaxRows><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+  if (tail == 1) qmatmul_kernel<BITS, 1, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+  else if (tail == 2) qmatmul_kernel<BITS, 2, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+  else if (tail > 0) qmatmul_kernel<BITS, kMaxRows, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+}
+
+template <typename T>
+void launch_type(const DeviceArgs& a, cudaStream_t s) {
+  if (a.bits == 4) launch_bits<4, T>(a, s);
+  else if (a.bits == 3) launch_bits<3, T>(a, s);
+  else launch_bits<2, T>(a, s);
 }
 
 }  // namespace
 
-std::string launch_qmatmul_cuda(const QMatMulArgs& h, void* stream) {
+std::string launch_qmatmul_cuda(const QMatMulArgs& h, const uint16_t* x16, uint16_t* y16, void* stream) {
   if (h.M == 0) return "";
   if (reinterpret_cast<uintptr_t>(h.codes) % 16 != 0) return "the packed codes must be 16-byte aligned";
-  const bool vec_x = h.K % 4 == 0 && reinterpret_cast<uintptr_t>(h.x) % 16 == 0;
+  const bool half = x16 != nullptr;
+  const void* x = half ? static_cast<const void*>(x16) : h.x;
+  const bool vec_x = !half && h.K % 4 == 0 && reinterpret_cast<uintptr_t>(h.x) % 16 == 0;
   const int64_t units = h.Kp / unit_k(h.bits);
   const int warps = static_cast<int>(units >= 96 ? kMaxWarps : (units + 31) / 32);
-  DeviceArgs a{h.x, h.M, h.K, h.G, h.tiles, h.tile_bytes, h.group, units, static_cast<int>(h.N), h.bits, warps,
+  DeviceArgs a{x, h.M, h.K, h.G, h.tiles, h.tile_bytes, h.group, units, static_cast<int>(h.N), h.bits, warps,
                vec_x, h.codes, h.scales, h.zeros_u8, h.zeros_f32, h.bias, h.outlier_values, h.outlier_cols,
-               h.outlier_rowptr, h.y};
+               h.outlier_rowptr, half ? static_cast<void*>(y16) : h.y};
   if (h.tiles > 0x7fffffff || h.M / kMaxRows > 65535) return "too many rows or columns for one launch";
   const auto s = static_cast<cudaStream_t>(stream);
-  if (h.bits == 4) launch_bits<4>(a, s);
-  else if (h.bits == 3) launch_bits<3>(a, s);
-  else launch_bits<2>(a, s);
+  if (half) launch_type<__half>(a, s);
+  else launch_type<float>(a, s);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? std::string() : std::string("CUDA launch failed: ") + cudaGetErrorString(err);
 }

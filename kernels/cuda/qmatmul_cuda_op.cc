@@ -17,7 +17,7 @@ OrtStatus* compute_cuda(void* kernel, OrtKernelContext* ctx) {
   void* stream = nullptr;
   if (OrtStatus* st = g_ort.KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
   // Outlier indices live on the device and are not range-checked here (the CPU op checks them).
-  const std::string err = launch_qmatmul_cuda(t.args, stream);
+  const std::string err = launch_qmatmul_cuda(t.args, t.x16, t.y16, stream);
   return err.empty() ? nullptr : make_status(kOrtRuntimeException, "edge.QMatMul (CUDA): " + err);
 }
 
@@ -25,10 +25,11 @@ void compute_cuda_v1(void* kernel, OrtKernelContext* ctx) {
   if (OrtStatus* st = compute_cuda(kernel, ctx)) g_ort.ReleaseStatus(st);
 }
 
-OrtCustomOp g_cuda_op = make_qmatmul_op(cuda_provider, compute_cuda, compute_cuda_v1);
+OrtCustomOp g_cuda_op = make_qmatmul_op(cuda_provider, compute_cuda, compute_cuda_v1, false);
+OrtCustomOp g_cuda_op_f16 = make_qmatmul_op(cuda_provider, compute_cuda, compute_cuda_v1, true);
 
 }  // namespace
 
-const OrtCustomOp* cuda_op() { return &g_cuda_op; }
+const OrtCustomOp* cuda_op(bool half) { return half ? &g_cuda_op_f16 : &g_cuda_op; }
 
 }  // namespace edge
