@@ -323,7 +323,8 @@ def term_rows() -> list[tuple[str, str, float, float]]:
                      (load + est.kv_target + est.logits) / m, runs[0]["buffers"] / m))
         for tokens, run in zip(TERM_STEPS, runs):
             rows.append((quant, f"activations of a {tokens}-token step",
-                         activation_bytes(spec.config, tokens, TERM_CONTEXT, int8_activations=spec.int8_activations) / m,
+                         activation_bytes(spec.config, tokens, TERM_CONTEXT, int8_activations=spec.int8_activations,
+                                          edge_attention=spec.edge_attention, fused_mlp=spec.fused_mlp) / m,
                          run["steps"][0] / m))
     for quant in ("fp32", "int4"):
         root = paged_package(quant)

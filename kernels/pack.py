@@ -142,6 +142,15 @@ def pack_codes(codes: np.ndarray, bits: int, group_size: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([lo_bytes, hi_bytes], axis=2)).reshape(-1)
 
 
+def interleave_swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """The rows of a fused gate/up weight for edge.QMatMul's activation=1 (silu(gate) * up): 4 gate rows, then the
+    same 4 up rows, and so on, so that each tile of 8 output columns holds 4 complete pairs."""
+    n, k = gate.shape
+    if up.shape != gate.shape or n % 4:
+        raise EdgeError(f"gate and up must have the same shape with rows a multiple of 4, got {gate.shape}, {up.shape}")
+    return np.stack([gate.reshape(n // 4, 4, k), up.reshape(n // 4, 4, k)], axis=1).reshape(2 * n, k)
+
+
 def make_outliers(n: int, k: int, rows: np.ndarray, cols: np.ndarray, values: np.ndarray) -> Outliers:
     """CSR outliers from coordinate lists (rows, cols index W of shape (N, K)); values are stored as float16."""
     rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)

@@ -312,6 +312,12 @@ class ModelSpec:
         return self.kernels == "edge"
 
     @property
+    def fused_mlp(self) -> bool:
+        """The MLP's gate/up matmul computes silu(gate) * up itself (edge.QMatMul activation=1): a quantized
+        edge-kernels export of a SiLU model (export.builder.Builder.fused_swiglu)."""
+        return self.kernels == "edge" and self.quant not in FLOAT_BYTES and self.config.hidden_act == "silu"
+
+    @property
     def tokenizer_bytes(self) -> int:
         return self.config.vocab_size * TOKENIZER_BYTES_PER_ENTRY if self.has_tokenizer else 0
 
@@ -541,7 +547,7 @@ def attention_scratch_bytes(config: ModelConfig, tokens: int, context: int, thre
 
 def activation_bytes(config: ModelConfig, tokens: int, context: int, full_scores: bool = False,
                      threads: int = DEFAULT_THREADS, int8_activations: bool = False,
-                     edge_attention: bool = False) -> int:
+                     edge_attention: bool = False, fused_mlp: bool = False) -> int:
     """RSS one step over `tokens` new tokens attending to `context` positions adds: STEP_FIXED_BYTES plus the arena.
 
     Per token: ARENA_GROWTH x the MLP's peak live set, hidden + 4 intermediate float32 (the residual stream, the
@@ -565,9 +571,11 @@ def activation_bytes(config: ModelConfig, tokens: int, context: int, full_scores
     `edge_attention` (edge.Attention) makes no copies and no tiles: one row of scores per thread. SmolLM2-135M on
     edge's kernels (level 4), arena (anonymous) part measured against predicted: S=16 0.75 MiB (0.89), S=64 3.2
     (3.5), S=128 4.8 (7.0), S=256 9.9 (14.0), S=512 21.0 (28.0): over, on the safe side, for S >= 128, where its
-    arena grows ~41 KB per token instead of ~52.
+    arena grows ~41 KB per token instead of ~52. `fused_mlp` (the gated activation inside edge.QMatMul) leaves
+    hidden + 2 intermediate live (the op's output, and the down projection's copy of it): measured S=16 0.47 MiB
+    (0.52), S=64 1.36 (2.09), S=128 3.45 (4.17), S=256 5.5 (8.3), S=512 11.6 (16.7), ~24 KB per token.
     """
-    mlp = config.hidden_size + 4 * config.intermediate_size
+    mlp = config.hidden_size + (2 if fused_mlp else 4) * config.intermediate_size
     attention_copies = 0 if edge_attention else 2 * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
     per_token = (ARENA_GROWTH * mlp + attention_copies) * FLOAT32
     if int8_activations:
@@ -641,7 +649,8 @@ class MemoryModel:
         L, chunk, full = plan.context, min(plan.prefill_chunk, plan.context), self.full_scores
         specs = [self.target] + ([self.draft] if plan.uses_draft_model else [])
         tokens = [chunk, plan.nodes, 1]
-        return max(activation_bytes(m.config, s, L, full, self.threads, m.int8_activations, m.edge_attention)
+        return max(activation_bytes(m.config, s, L, full, self.threads, m.int8_activations, m.edge_attention,
+                                    m.fused_mlp)
                    for m in specs for s in tokens)
 
     def estimate(self, plan: Plan) -> MemoryEstimate:

@@ -149,3 +149,28 @@ def test_float16_activations_are_the_float32_kernel_rounded_once(bits: int) -> N
     assert y.dtype == np.float16
     np.testing.assert_array_equal(y, full(x.astype(np.float32)).astype(np.float16))
     np.testing.assert_array_equal(np.concatenate([half(x[i : i + 1]) for i in range(9)]), y)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_swiglu_activation(bits: int) -> None:
+    from edge.kernels.pack import interleave_swiglu
+
+    import edge.kernels as ek
+
+    rng = np.random.default_rng(70 + bits)
+    n, k = 48, 160
+    arrays = [rng.integers(0, 1 << bits, size=(2, n, k)).astype(np.uint8),
+              rng.uniform(0.01, 0.1, size=(2, n, k // 32)).astype(np.float32),
+              rng.integers(0, 1 << bits, size=(2, n, k // 32)).astype(np.uint8)]
+    packed = ek.pack(*[interleave_swiglu(a[0], a[1]) for a in arrays], bits=bits, group_size=32)
+    bias = rng.standard_normal(2 * n).astype(np.float32)
+    run = QMatMulRunner(packed, bias, swiglu=True, cuda=True)
+    x = rng.standard_normal((9, k)).astype(np.float32)
+    y = run(x)
+    both = QMatMulRunner(packed, bias, cuda=True)(x).reshape(9, n // 4, 2, 4)
+    gate, up = both[:, :, 0].reshape(9, n), both[:, :, 1].reshape(9, n)
+    np.testing.assert_allclose(y, gate / (np.float32(1) + np.exp(-gate)) * up, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.concatenate([run(x[i : i + 1]) for i in range(9)]), y)
+    half = QMatMulRunner(packed, bias, swiglu=True, float16=True, cuda=True)
+    x16 = x.astype(np.float16)
+    np.testing.assert_array_equal(half(x16), run(x16.astype(np.float32)).astype(np.float16))

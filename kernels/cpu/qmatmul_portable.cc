@@ -78,18 +78,20 @@ uint16_t float_to_half(float f) {
 
 void finish_tile_row(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense8) {
   const float* xr = a.x + m * a.ldx;
-  float* yr = a.y + m * a.N;
+  float v[8];
   for (int j = 0; j < 8; ++j) {
     const int64_t n = tile * 8 + j;
     if (n >= a.N) break;
-    float v = dense8[j];
+    v[j] = dense8[j];
     if (a.outlier_rowptr != nullptr) {
       for (int32_t e = a.outlier_rowptr[n]; e < a.outlier_rowptr[n + 1]; ++e)
-        v += half_to_float(a.outlier_values[e]) * xr[a.outlier_cols[e]];
+        v[j] += half_to_float(a.outlier_values[e]) * xr[a.outlier_cols[e]];
     }
-    if (a.bias != nullptr) v += a.bias[n];
-    yr[n] = v;
+    if (a.bias != nullptr) v[j] += a.bias[n];
+    if (!a.swiglu) a.y[m * a.N + n] = v[j];
   }
+  if (a.swiglu)  // N is a multiple of 8 (checked at kernel creation)
+    for (int i = 0; i < 4; ++i) a.y[m * (a.N / 2) + tile * 4 + i] = silu(v[i]) * v[4 + i];
 }
 
 namespace {

@@ -27,6 +27,7 @@ struct DeviceArgs {
   const void* x;  // float, or __half for the float16 registration (then y is __half too)
   int64_t M, K, G, tiles, tile_bytes, group, units;
   int N, bits, warps;
+  bool swiglu;  // Y = silu(gate) * up, N / 2 columns (QMatMulArgs::swiglu)
   bool vec_x;  // x rows may be read as float4 (K % 4 == 0, 16-byte aligned)
   const uint8_t* codes;
   const float* scales;
@@ -171,20 +172,27 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
     for (int p = 0; p < PER_LANE; ++p) red[warp][first + p] = acc[p];
   }
   __syncthreads();
-  if (threadIdx.x < S) {
-    const int r = threadIdx.x / 8, j = threadIdx.x % 8;
-    const int64_t col = tile * 8 + j;
-    if (r < rows && col < a.N) {
-      float v = red[0][threadIdx.x];
-      for (int w = 1; w < a.warps; ++w) v += red[w][threadIdx.x];
-      const T* xr = x + (m0 + r) * a.K;
-      if (a.outlier_rowptr != nullptr) {
-        for (int32_t e = a.outlier_rowptr[col]; e < a.outlier_rowptr[col + 1]; ++e)
-          v += half_to_float_dev(a.outlier_values[e]) * to_float(xr[a.outlier_cols[e]]);
-      }
-      if (a.bias != nullptr) v += a.bias[col];
-      store(static_cast<T*>(a.y) + (m0 + r) * a.N + col, v);
+  __shared__ float done[S];  // the tile's finished outputs, for the swiglu pairs
+  const int r = threadIdx.x / 8, j = threadIdx.x % 8;
+  const int64_t col = tile * 8 + j;
+  const bool mine = threadIdx.x < S && r < rows && col < a.N;
+  if (mine) {
+    float v = red[0][threadIdx.x];
+    for (int w = 1; w < a.warps; ++w) v += red[w][threadIdx.x];
+    const T* xr = x + (m0 + r) * a.K;
+    if (a.outlier_rowptr != nullptr) {
+      for (int32_t e = a.outlier_rowptr[col]; e < a.outlier_rowptr[col + 1]; ++e)
+        v += half_to_float_dev(a.outlier_values[e]) * to_float(xr[a.outlier_cols[e]]);
     }
+    if (a.bias != nullptr) v += a.bias[col];
+    if (a.swiglu) done[threadIdx.x] = v;
+    else store(static_cast<T*>(a.y) + (m0 + r) * a.N + col, v);
+  }
+  if (!a.swiglu) return;
+  __syncthreads();
+  if (mine && j < 4) {  // N is a multiple of 8 here (checked at kernel creation)
+    const float g = done[threadIdx.x], u = done[threadIdx.x + 4];
+    store(static_cast<T*>(a.y) + (m0 + r) * (a.N / 2) + tile * 4 + j, g / (1.0f + expf(-g)) * u);
   }
 }
 
@@ -226,7 +234,7 @@ std::string launch_qmatmul_cuda(const QMatMulArgs& h, const uint16_t* x16, uint1
   const int64_t units = h.Kp / unit_k(h.bits);
   const int warps = static_cast<int>(units >= 96 ? kMaxWarps : (units + 31) / 32);
   DeviceArgs a{x, h.M, h.K, h.G, h.tiles, h.tile_bytes, h.group, units, static_cast<int>(h.N), h.bits, warps,
-               vec_x, h.codes, h.scales, h.zeros_u8, h.zeros_f32, h.bias, h.outlier_values, h.outlier_cols,
+               h.swiglu, vec_x, h.codes, h.scales, h.zeros_u8, h.zeros_f32, h.bias, h.outlier_values, h.outlier_cols,
                h.outlier_rowptr, half ? static_cast<void*>(y16) : h.y};
   if (h.tiles > 0x7fffffff || h.M / kMaxRows > 65535) return "too many rows or columns for one launch";
   const auto s = static_cast<cudaStream_t>(stream);
