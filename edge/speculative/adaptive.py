@@ -101,6 +101,8 @@ class CostCurve:
     def cached(cls, decoder: Decoder, threads: int | None) -> CostCurve:
         """The curve for this package and thread count, measured on first use and kept in the edge cache."""
         key = sha256_file(decoder.package.root / "manifest.json")[:16]
+        if decoder.device != "cpu":  # a GPU's curve is another shape altogether (flat up to 16 rows)
+            key += f"-{decoder.device}"
         if decoder.package.custom_ops:  # the same graph costs what the kernel library built here makes it cost
             from edge.kernels import library_path
 
