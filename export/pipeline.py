@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from edge import __version__
 from edge.export.builder import BuildOptions, build_decoder, build_steps
@@ -167,7 +168,7 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
             "config": cfg.to_dict(),
             "graph": {"file": "model.onnx", "data": "model.onnx.data", "tree_attention": tree_attention,
                       "kv_dtype": "float32", "custom_ops": ["edge"] if options.kernels == "edge" else [],
-                      "accuracy_level": options.accuracy_level},
+                      "accuracy_level": options.accuracy_level, "fused_mlp": has_fused_mlp(tmp / "model.onnx")},
             "quantization": quant_info,
             "tokenizer": {"file": "tokenizer.json", **vars(imported.special_tokens)},
             "chat_template": imported.chat_template,
@@ -176,6 +177,13 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
         })
     bar.close()
     return Path(out_dir)
+
+
+def has_fused_mlp(graph: Path) -> bool:
+    """Whether the MLP's gated activation runs inside edge.QMatMul (activation=1): the memory model needs to know."""
+    model = onnx.load(str(graph), load_external_data=False)
+    return any(a.name == "activation" and a.i == 1 for n in model.graph.node if n.op_type == "QMatMul"
+               for a in n.attribute)
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):

@@ -305,17 +305,13 @@ class ModelSpec:
     kernels: str = "stock"  # "edge": low-bit linears run edge.QMatMul (no prepack, a tied head has its own table)
     paged: bool = False  # a paged package (export/paged.py): layers can stream from disk, the table is memory-mapped
     int8_activations: bool = False  # quantized matmuls round their input to int8 (accuracy_level 4): a step's copy
+    fused_mlp: bool = False  # silu(gate) * up inside edge.QMatMul (activation=1): fewer live MLP buffers
 
     @property
     def edge_attention(self) -> bool:
         """Attention runs edge.Attention (kernels/): every layer of an edge-kernels export."""
         return self.kernels == "edge"
 
-    @property
-    def fused_mlp(self) -> bool:
-        """The MLP's gate/up matmul computes silu(gate) * up itself (edge.QMatMul activation=1): a quantized
-        edge-kernels export of a SiLU model (export.builder.Builder.fused_swiglu)."""
-        return self.kernels == "edge" and self.quant not in FLOAT_BYTES and self.config.hidden_act == "silu"
 
     @property
     def tokenizer_bytes(self) -> int:
@@ -366,7 +362,8 @@ class ModelSpec:
         layout = _paged_layout(layout, manifest["paging"], weights) if paged else layout.scaled_to(weights)
         return cls(name=name, config=config, quant=quant, layout=layout, kernels=kernels, paged=paged,
                    has_tokenizer=any(file.endswith("tokenizer.json") for file in sizes),
-                   int8_activations=_int8_activations(manifest, quant, kernels))
+                   int8_activations=_int8_activations(manifest, quant, kernels),
+                   fused_mlp=bool(graph.get("fused_mlp", False)))
 
     @classmethod
     def from_package(cls, path: str | Path) -> "ModelSpec":

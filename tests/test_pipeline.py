@@ -118,3 +118,23 @@ def test_zero_point_options_are_checked(tmp_path):
         pipeline.export_model("tiny", tmp_path / "d", quant="int4", model=imported, stat_bits=8)
     with pytest.raises(QuantizationError, match="2 to 8 bits"):
         pipeline.export_model("tiny", tmp_path / "e", quant="spqr", model=imported, stat_bits=9)
+
+
+def test_edge_kernel_exports_fuse_the_swiglu_gate_and_say_so(tmp_path):
+    """--kernels edge: one edge.QMatMul (activation=1) per MLP instead of Split, Sigmoid and Mul, recorded in the
+    manifest for the memory model; the same int4 weights give the stock graph's logits (float activations in both)."""
+    import onnx
+
+    from edge.memory.budget import ModelSpec
+
+    model, imported = tiny_llama(seed=4, hidden_size=64, intermediate_size=96)
+    edge = pipeline.export_model("tiny", tmp_path / "edge", quant="int4", model=imported, kernels="edge")
+    stock = pipeline.export_model("tiny", tmp_path / "stock", quant="int4", model=imported, accuracy_level=0)
+    ops = [n.op_type for n in onnx.load(str(edge / "model.onnx"), load_external_data=False).graph.node]
+    assert "Split" not in ops and "Sigmoid" not in ops and "Mul" not in ops
+    assert ModelSpec.from_package(edge).fused_mlp and not ModelSpec.from_package(stock).fused_mlp
+    from edge.engine import Engine
+
+    ids = [1, 5, 9, 14, 3]
+    fused, plain = (Engine(p, threads=1).decoder.prefill(ids) for p in (edge, stock))
+    assert max_rel_error(fused, plain) < 1e-4
