@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnxruntime as ort
 
@@ -36,6 +38,10 @@ def make_weight(rng: np.random.Generator, n: int, k: int, bits: int, group: int,
     return packed, ek.dequantize(packed, codes)
 
 
+# EDGE_TEST_DEVICE=cuda: QMatMulRunner defaults to the CUDA EP (test_kernels.py re-runs itself so on a GPU).
+DEVICE = os.environ.get("EDGE_TEST_DEVICE", "cpu")
+
+
 def cuda_available() -> bool:
     """onnxruntime-gpu with a usable GPU and the CUDA build of the kernels (tests/test_kernels_cuda.py needs all)."""
     path = ek.library_path(cuda=True)
@@ -45,14 +51,15 @@ def cuda_available() -> bool:
 class QMatMulRunner:
     """One session of a one-node QMatMul model, run through IOBinding with an output pre-filled with NaN.
 
-    cuda=True places the node on the CUDAExecutionProvider, refusing a silent CPU fallback, with the inputs, weights
-    and the poisoned output in device memory.
+    cuda=True (default: EDGE_TEST_DEVICE=cuda) places the node on the CUDAExecutionProvider, refusing a silent CPU
+    fallback, with the inputs, weights and the poisoned output in device memory.
     """
 
     def __init__(self, packed: ek.PackedWeight, bias: np.ndarray | None = None, weights_as_inputs: bool = False,
-                 rank3: bool = False, threads: int = 2, accuracy_level: int = 0, cuda: bool = False,
+                 rank3: bool = False, threads: int = 2, accuracy_level: int = 0, cuda: bool | None = None,
                  float16: bool = False, swiglu: bool = False):
         ensure_library()
+        cuda = DEVICE == "cuda" if cuda is None else cuda
         x_shape = [1, "M", packed.k] if rank3 else ["M", packed.k]
         model, self.feeds = qmatmul_model(packed, x_shape, bias, weights_as_inputs, accuracy_level, float16, swiglu)
         self.dtype = np.float16 if float16 else np.float32

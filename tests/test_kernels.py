@@ -1,4 +1,8 @@
-"""edge.QMatMul numerics on the CPU: float64 reference, weights as inputs, batch invariance, shapes, bad input."""
+"""edge.QMatMul numerics: float64 reference, weights as inputs, batch invariance, shapes, bad input.
+
+On the CPU; test_the_cuda_kernel_passes_the_same_tests runs the file again with EDGE_TEST_DEVICE=cuda where a GPU
+is there (tests marked cpu_only check the CPU kernels themselves or host-side checks, and are skipped in that run).
+"""
 
 from __future__ import annotations
 
@@ -14,9 +18,10 @@ import pytest
 
 import edge.kernels as ek
 from edge.kernels.graph import qmatmul_model
-from kernels_util import QMatMulRunner, assert_close_to_reference, ensure_library, make_weight
+from kernels_util import DEVICE, QMatMulRunner, assert_close_to_reference, cuda_available, ensure_library, make_weight
 
-ROWS = (1, 2, 3, 8, 17, 64)
+ROWS = (1, 2, 3, 4, 5, 8, 9, 17, 64)
+cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="the CPU kernels or host-side checks")
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4])
@@ -83,6 +88,7 @@ def int8_activations(x: np.ndarray, group: int) -> np.ndarray:
     return (x_int.astype(np.float64) * step.astype(np.float64)).reshape(x.shape)
 
 
+@cpu_only
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("zeros", ["uint8", "float32"])
 def test_int8_activations_are_exact_on_rounded_x_and_batch_invariant(group: int, zeros: str) -> None:
@@ -104,6 +110,7 @@ def test_int8_activations_are_exact_on_rounded_x_and_batch_invariant(group: int,
             assert_close_to_reference(y, x, w, bias, rtol=1e-5)
 
 
+@cpu_only
 def test_int8_activations_worst_case_sums() -> None:
     """The largest integer sums the int8 kernels form (every code 15, every x at +-127): still exact, so the
     16-bit partial sums of the AVX2 kernel cannot have saturated or wrapped."""
@@ -117,6 +124,7 @@ def test_int8_activations_worst_case_sums() -> None:
     np.testing.assert_allclose(y, x.astype(np.float64) @ w.T, rtol=1e-6)
 
 
+@cpu_only
 def test_bad_accuracy_level_is_refused() -> None:
     ensure_library()
     packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32)
@@ -147,6 +155,7 @@ def test_large_call_uses_threads_and_stays_exact() -> None:
     assert_close_to_reference(y2, x, w, None)
 
 
+@cpu_only
 def test_empty_batch() -> None:
     packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32)
     assert QMatMulRunner(packed)(np.zeros((0, 64), np.float32)).shape == (0, 16)
@@ -171,6 +180,7 @@ def _feeds(packed) -> dict[str, np.ndarray]:
     return {"X": np.ones((1, packed.k), np.float32), **qmatmul_tensors(packed, "w")}
 
 
+@cpu_only
 def test_wrong_scales_size_is_a_clear_error() -> None:
     packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32)
     feeds = _feeds(packed)
@@ -179,6 +189,7 @@ def test_wrong_scales_size_is_a_clear_error() -> None:
         _session_with_free_weight_shapes(packed).run(None, feeds)
 
 
+@cpu_only
 def test_bad_outliers_are_a_clear_error() -> None:
     packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32, outliers=3)
     sess = _session_with_free_weight_shapes(packed)
@@ -192,6 +203,7 @@ def test_bad_outliers_are_a_clear_error() -> None:
         sess.run(None, feeds)
 
 
+@cpu_only
 def test_bad_attribute_fails_at_session_creation() -> None:
     import edge.kernels as ek
 
@@ -245,6 +257,7 @@ def _run_isa(isa: str | None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@cpu_only
 def test_portable_and_vector_paths_are_each_exact_and_batch_invariant() -> None:
     """Each code path (portable, AVX2, AVX-512, the integer VNNI kernels for 4-bit) meets the reference and batch
     invariance. Paths sharing their per-lane arithmetic agree bitwise: fp32 AVX2 with fp32 AVX-512, AVX-VNNI with
@@ -320,6 +333,7 @@ def test_swiglu_activation_fuses_split_sigmoid_and_mul(bits: int, accuracy_level
     np.testing.assert_array_equal(half(x16), run(x16.astype(np.float32)).astype(np.float16))
 
 
+@cpu_only
 def test_swiglu_needs_whole_tiles() -> None:
     ensure_library()
     packed, _ = make_weight(np.random.default_rng(0), 12, 64, 4, 32)
@@ -328,3 +342,12 @@ def test_swiglu_needs_whole_tiles() -> None:
     ek.register(so)
     with pytest.raises(Exception, match="multiple of 8"):
         ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.skipif(DEVICE != "cpu" or not cuda_available(), reason="needs onnxruntime-gpu, a GPU and the CUDA build")
+def test_the_cuda_kernel_passes_the_same_tests() -> None:
+    env = {**os.environ, "EDGE_TEST_DEVICE": "cuda"}
+    here = Path(__file__).resolve().parent
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], env=env,
+                         capture_output=True, text=True, cwd=here.parent)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]

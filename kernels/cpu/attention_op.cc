@@ -165,6 +165,16 @@ OrtStatus* prepare_attention(const AttentionKernel& k, OrtKernelContext* ctx, Te
   void* data = nullptr;
   if (OrtStatus* st = g_ort.GetTensorMutableData(out, &data)) return st;
   a.out = static_cast<float*>(data);
+  float* present[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i) {
+    OrtValue* value = nullptr;
+    if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 1 + i, in[3].dims.data(), 4, &value)) return st;
+    void* cache = nullptr;
+    if (OrtStatus* st = g_ort.GetTensorMutableData(value, &cache)) return st;
+    present[i] = static_cast<float*>(cache);
+  }
+  a.kcache = present[0];
+  a.vcache = present[1];
   return nullptr;
 }
 
@@ -177,21 +187,14 @@ CustomOpSpec attention_spec(const char* (*provider)(const OrtCustomOp*), OrtStat
 namespace {
 
 // present = past with the S new rows (keys rotated) written at P .. P+S-1.
-OrtStatus* write_cache(OrtKernelContext* ctx, const TensorView* in, AttentionArgs& a) {
-  float* present[2] = {nullptr, nullptr};
+void write_cache(const TensorView* in, AttentionArgs& a) {
+  float* present[2] = {a.kcache, a.vcache};
   for (int i = 0; i < 2; ++i) {
-    OrtValue* out = nullptr;
-    if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 1 + i, in[3].dims.data(), 4, &out)) return st;
-    void* data = nullptr;
-    if (OrtStatus* st = g_ort.GetTensorMutableData(out, &data)) return st;
-    present[i] = static_cast<float*>(data);
     const auto* past = static_cast<const float*>(in[3 + i].data);
     if (present[i] != past)  // not bound in place: carry the past over
       for (int64_t g = 0; g < a.KV; ++g)
         std::memcpy(present[i] + g * a.L * a.D, past + g * a.L * a.D, sizeof(float) * a.P * a.D);
   }
-  a.kcache = present[0];
-  a.vcache = present[1];
   const int64_t half = a.D / 2;
   for (int64_t s = 0; s < a.S; ++s) {
     const int64_t pos = a.positions[s];
@@ -201,7 +204,6 @@ OrtStatus* write_cache(OrtKernelContext* ctx, const TensorView* in, AttentionArg
       std::memcpy(a.vcache + (g * a.L + a.P + s) * a.D, a.v + s * a.kv_stride + g * a.D, sizeof(float) * a.D);
     }
   }
-  return nullptr;
 }
 
 struct Job {
@@ -225,7 +227,7 @@ OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   TensorView in[kInputs];
   AttentionArgs a;
   if (OrtStatus* st = prepare_attention(*static_cast<const AttentionKernel*>(kernel), ctx, in, a, true)) return st;
-  if (OrtStatus* st = write_cache(ctx, in, a)) return st;
+  write_cache(in, a);
   if (a.S == 0) return nullptr;
   Job job{&a, select_attend_fn(a.D), a.S * a.H, 1};
   const int64_t work = a.H * a.S * (a.P + a.S) * a.D;  // multiply-adds of the scores
@@ -237,13 +239,10 @@ OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   return g_ort.KernelContext_ParallelFor(ctx, run_chunk, static_cast<size_t>(job.chunks), 0, &job);
 }
 
-void compute_v1(void* kernel, OrtKernelContext* ctx) {
-  if (OrtStatus* st = compute(kernel, ctx)) g_ort.ReleaseStatus(st);
-}
 
 
 // ORT keeps the pointer for the life of every session.
-OrtCustomOp g_op = make_custom_op(attention_spec(cpu_provider, compute, compute_v1, nullptr));
+OrtCustomOp g_op = make_custom_op(attention_spec(cpu_provider, compute, compute_v1<compute>, nullptr));
 
 }  // namespace
 

@@ -21,8 +21,9 @@ struct AttentionKernel {
 OrtStatus* create_attention_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel);
 void destroy_attention_kernel(void* kernel);
 
-// Read and check every input, allocate output 0, and fill `a` except the cache pointers. host_positions: whether
-// position_ids are in host memory (then range-checked; the CUDA kernel clamps device ones instead).
+// Read and check every input, get the three outputs, and fill `a` (kcache/vcache: the present buffers, which are the
+// past ones when bound in place). host_positions: whether position_ids are in host memory (then range-checked; the
+// CUDA kernel clamps device ones instead).
 OrtStatus* prepare_attention(const AttentionKernel& k, OrtKernelContext* ctx, TensorView* in, AttentionArgs& a,
                              bool host_positions);
 

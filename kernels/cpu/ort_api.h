@@ -118,4 +118,10 @@ constexpr int kOrtMemTypeCPUInput = -2;
 
 OrtCustomOp make_custom_op(const CustomOpSpec& spec);
 
+// The version-1 KernelCompute of a V2 compute function: the same work with its status released.
+template <OrtStatus* (*Compute)(void*, OrtKernelContext*)>
+void compute_v1(void* kernel, OrtKernelContext* ctx) {
+  if (OrtStatus* st = Compute(kernel, ctx)) g_ort.ReleaseStatus(st);
+}
+
 }  // namespace edge

@@ -191,10 +191,6 @@ OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
   return nullptr;
 }
 
-void compute_v1(void* kernel, OrtKernelContext* ctx) {
-  OrtStatus* st = compute_cpu(kernel, ctx);
-  if (st != nullptr) g_ort.ReleaseStatus(st);
-}
 
 }  // namespace
 
@@ -209,8 +205,8 @@ OrtCustomOp make_qmatmul_op(const char* (*provider)(const OrtCustomOp*),
 namespace {
 
 // Static storage: ORT keeps pointers to the ops for the life of every session.
-OrtCustomOp g_cpu_op = make_qmatmul_op(cpu_provider, compute_cpu, compute_v1, false);
-OrtCustomOp g_cpu_op_f16 = make_qmatmul_op(cpu_provider, compute_cpu, compute_v1, true);
+OrtCustomOp g_cpu_op = make_qmatmul_op(cpu_provider, compute_cpu, compute_v1<compute_cpu>, false);
+OrtCustomOp g_cpu_op_f16 = make_qmatmul_op(cpu_provider, compute_cpu, compute_v1<compute_cpu>, true);
 
 OrtStatus* add_ops(OrtSessionOptions* options) {
   OrtCustomOpDomain* domain = nullptr;

@@ -21,12 +21,8 @@ OrtStatus* compute_cuda(void* kernel, OrtKernelContext* ctx) {
   return err.empty() ? nullptr : make_status(kOrtRuntimeException, "edge.QMatMul (CUDA): " + err);
 }
 
-void compute_cuda_v1(void* kernel, OrtKernelContext* ctx) {
-  if (OrtStatus* st = compute_cuda(kernel, ctx)) g_ort.ReleaseStatus(st);
-}
-
-OrtCustomOp g_cuda_op = make_qmatmul_op(cuda_provider, compute_cuda, compute_cuda_v1, false);
-OrtCustomOp g_cuda_op_f16 = make_qmatmul_op(cuda_provider, compute_cuda, compute_cuda_v1, true);
+OrtCustomOp g_cuda_op = make_qmatmul_op(cuda_provider, compute_cuda, compute_v1<compute_cuda>, false);
+OrtCustomOp g_cuda_op_f16 = make_qmatmul_op(cuda_provider, compute_cuda, compute_v1<compute_cuda>, true);
 
 }  // namespace
 
