@@ -37,6 +37,7 @@ OPSET = 21
 IR_VERSION = 10  # onnxruntime 1.31 rejects the IR 14 that onnx 1.23 writes by default
 DATA_ALIGN = 4096  # page-aligned tensors let onnxruntime memory-map the external data
 EDGE_QMATMUL_BITS = (2, 3, 4)  # code widths edge.QMatMul (kernels/) runs
+GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}  # edge.QMatMul's activation attribute for the MLP's gate
 
 
 class MatMulNBitsWeights(Protocol):
@@ -187,9 +188,9 @@ class DecoderBuilder:
             y = self.sparse_term(x, y, name, p["outliers"])
         return y
 
-    def qmatmul(self, x: str, name: str, q, bias: np.ndarray | None, swiglu: bool = False) -> str:
-        """edge.QMatMul: one op for any bits, float offsets folded into float zero points, outliers inside (swiglu:
-        the gated activation too, over rows from interleave_swiglu)."""
+    def qmatmul(self, x: str, name: str, q, bias: np.ndarray | None, gated: int = 0) -> str:
+        """edge.QMatMul: one op for any bits, float offsets folded into float zero points, outliers inside (gated:
+        the MLP's gated activation too, over rows from interleave_gated)."""
         from edge.kernels.graph import qmatmul_node, qmatmul_tensors
         from edge.kernels.pack import make_outliers, pack
 
@@ -202,7 +203,7 @@ class DecoderBuilder:
         for tensor_name, array in qmatmul_tensors(packed, name, bias).items():
             self.weight(tensor_name, array)
         self.g.nodes.append(qmatmul_node(x, f"{name}/y", packed, name, has_bias=bias is not None,
-                                         accuracy_level=self.opt.accuracy_level, swiglu=swiglu))
+                                         accuracy_level=self.opt.accuracy_level, gated=gated))
         return f"{name}/y"
 
     def offset_term(self, x: str, name: str, p: dict[str, Any]) -> str:
@@ -301,7 +302,7 @@ class DecoderBuilder:
     def mlp(self, i: int, x: str) -> str:
         p = f"model.layers.{i}.mlp"
         down = self.tensors[f"{p}.down_proj.weight"]
-        if (fused := self.fused_swiglu(x, p)) is not None:
+        if (fused := self.fused_gated(x, p)) is not None:
             return self.linear(fused, f"{p}.down_proj", down)
         if self.opt.fuse_projections:
             w = np.concatenate([self.tensors[f"{p}.gate_proj.weight"], self.tensors[f"{p}.up_proj.weight"]], axis=0)
@@ -316,17 +317,18 @@ class DecoderBuilder:
             raise ValueError(f"unsupported activation {self.cfg.hidden_act!r}")
         return self.linear(self.g.node("Mul", [act, up])[0], f"{p}.down_proj", down)
 
-    def fused_swiglu(self, x: str, p: str) -> str | None:
-        """silu(gate) * up as one edge.QMatMul (activation=1) when the layer runs on edge's kernels: 4 fewer nodes
-        per layer than MatMul, Split, Sigmoid and two Muls; None when it does not apply."""
+    def fused_gated(self, x: str, p: str) -> str | None:
+        """act(gate) * up as one edge.QMatMul (activation 1: silu, 2: gelu_tanh) when the layer runs on edge's
+        kernels: 3-4 fewer nodes per layer than MatMul, Split, the activation and Mul; None when it does not apply."""
         gate, up = self.tensors[f"{p}.gate_proj.weight"], self.tensors[f"{p}.up_proj.weight"]
-        if not (self.opt.kernels == "edge" and self.opt.fuse_projections and self.cfg.hidden_act == "silu"
+        gated = GATED_ACTIVATIONS.get(self.cfg.hidden_act, 0)
+        if not (self.opt.kernels == "edge" and self.opt.fuse_projections and gated
                 and self.opt.quantizer is not None and gate.shape[0] % 4 == 0):
             return None
-        from edge.kernels.pack import interleave_swiglu
+        from edge.kernels.pack import interleave_gated
 
-        q = self.opt.quantizer(f"{p}.gate_up_proj", interleave_swiglu(gate, up))
-        return None if q is None else self.qmatmul(x, f"{p}.gate_up_proj", q, None, swiglu=True)
+        q = self.opt.quantizer(f"{p}.gate_up_proj", interleave_gated(gate, up))
+        return None if q is None else self.qmatmul(x, f"{p}.gate_up_proj", q, None, gated=gated)
 
     def embedding(self) -> tuple[str, Callable[[str], str]]:
         """Token embedding, and a function that applies the output head to hidden rows (tied or not)."""

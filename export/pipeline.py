@@ -180,9 +180,10 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
 
 
 def has_fused_mlp(graph: Path) -> bool:
-    """Whether the MLP's gated activation runs inside edge.QMatMul (activation=1): the memory model needs to know."""
+    """Whether the MLP's gated activation runs inside edge.QMatMul (its activation attribute): the memory model
+    needs to know."""
     model = onnx.load(str(graph), load_external_data=False)
-    return any(a.name == "activation" and a.i == 1 for n in model.graph.node if n.op_type == "QMatMul"
+    return any(a.name == "activation" and a.i > 0 for n in model.graph.node if n.op_type == "QMatMul"
                for a in n.attribute)
 
 

@@ -15,12 +15,12 @@ INPUT_SUFFIXES = ("codes", "scales", "zeros", "bias", "outlier_values", "outlier
 
 
 def qmatmul_node(x: str, y: str, packed: PackedWeight, prefix: str, has_bias: bool = False,
-                 accuracy_level: int = 0, swiglu: bool = False) -> onnx.NodeProto:
+                 accuracy_level: int = 0, gated: int = 0) -> onnx.NodeProto:
     """An edge.QMatMul node reading tensors named f"{prefix}.{suffix}" (absent optional inputs become "").
 
     accuracy_level 4 lets the 4-bit integer kernels round x to int8 per row and group (a third of their work, like
-    MatMulNBits' level 4, still batch-invariant); 0 keeps x to 23 bits (error under 1e-5). swiglu: the weight's rows
-    come from pack.interleave_swiglu and the node outputs silu(gate) * up (N / 2 columns)."""
+    MatMulNBits' level 4, still batch-invariant); 0 keeps x to 23 bits (error under 1e-5). gated (1: silu, 2:
+    gelu_tanh): the weight's rows come from pack.interleave_gated and the node outputs act(gate) * up (N / 2)."""
     present = [a is not None for a in packed.inputs()]
     present[3] = has_bias
     names = [f"{prefix}.{s}" if p else "" for s, p in zip(INPUT_SUFFIXES, present)]
@@ -29,8 +29,8 @@ def qmatmul_node(x: str, y: str, packed: PackedWeight, prefix: str, has_bias: bo
     attributes = packed.attributes()
     if accuracy_level:
         attributes["accuracy_level"] = accuracy_level
-    if swiglu:
-        attributes["activation"] = 1
+    if gated:
+        attributes["activation"] = gated
     return helper.make_node(OP_TYPE, [x, *names], [y], domain=DOMAIN, name=f"{prefix}.qmatmul", **attributes)
 
 
@@ -47,15 +47,15 @@ def _value_info(name: str, array: np.ndarray) -> onnx.ValueInfoProto:
 
 def qmatmul_model(packed: PackedWeight, x_shape: list[int | str], bias: np.ndarray | None = None,
                   weights_as_inputs: bool = False, accuracy_level: int = 0, float16: bool = False,
-                  swiglu: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+                  gated: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A one-node model Y = QMatMul(X), X and Y float32 (or float16); returns it and the weight feeds (empty when
     weights are initializers)."""
     tensors = qmatmul_tensors(packed, "w", bias)
     node = qmatmul_node("X", "Y", packed, "w", has_bias=bias is not None, accuracy_level=accuracy_level,
-                        swiglu=swiglu)
+                        gated=gated)
     dtype = TensorProto.FLOAT16 if float16 else TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info("X", dtype, x_shape)]
-    out_shape = [*x_shape[:-1], packed.n // 2 if swiglu else packed.n]
+    out_shape = [*x_shape[:-1], packed.n // 2 if gated else packed.n]
     initializers = []
     if weights_as_inputs:
         inputs += [_value_info(name, a) for name, a in tensors.items()]

@@ -142,9 +142,9 @@ def pack_codes(codes: np.ndarray, bits: int, group_size: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([lo_bytes, hi_bytes], axis=2)).reshape(-1)
 
 
-def interleave_swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """The rows of a fused gate/up weight for edge.QMatMul's activation=1 (silu(gate) * up): 4 gate rows, then the
-    same 4 up rows, and so on, so that each tile of 8 output columns holds 4 complete pairs."""
+def interleave_gated(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """The rows of a fused gate/up weight for edge.QMatMul's gated activations (act(gate) * up): 4 gate rows, then
+    the same 4 up rows, and so on, so that each tile of 8 output columns holds 4 complete pairs."""
     n, k = gate.shape
     if up.shape != gate.shape or n % 4:
         raise EdgeError(f"gate and up must have the same shape with rows a multiple of 4, got {gate.shape}, {up.shape}")

@@ -305,7 +305,7 @@ class ModelSpec:
     kernels: str = "stock"  # "edge": low-bit linears run edge.QMatMul (no prepack, a tied head has its own table)
     paged: bool = False  # a paged package (export/paged.py): layers can stream from disk, the table is memory-mapped
     int8_activations: bool = False  # quantized matmuls round their input to int8 (accuracy_level 4): a step's copy
-    fused_mlp: bool = False  # silu(gate) * up inside edge.QMatMul (activation=1): fewer live MLP buffers
+    fused_mlp: bool = False  # act(gate) * up inside edge.QMatMul (its activation attribute): fewer live buffers
 
     @property
     def edge_attention(self) -> bool:

@@ -57,11 +57,11 @@ class QMatMulRunner:
 
     def __init__(self, packed: ek.PackedWeight, bias: np.ndarray | None = None, weights_as_inputs: bool = False,
                  rank3: bool = False, threads: int = 2, accuracy_level: int = 0, cuda: bool | None = None,
-                 float16: bool = False, swiglu: bool = False):
+                 float16: bool = False, gated: int = 0):
         ensure_library()
         cuda = DEVICE == "cuda" if cuda is None else cuda
         x_shape = [1, "M", packed.k] if rank3 else ["M", packed.k]
-        model, self.feeds = qmatmul_model(packed, x_shape, bias, weights_as_inputs, accuracy_level, float16, swiglu)
+        model, self.feeds = qmatmul_model(packed, x_shape, bias, weights_as_inputs, accuracy_level, float16, gated)
         self.dtype = np.float16 if float16 else np.float32
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
@@ -72,7 +72,7 @@ class QMatMulRunner:
             providers = ["CUDAExecutionProvider"]
         self.device = ("cuda", 0) if cuda else ("cpu", 0)
         self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
-        self.n = packed.n // 2 if swiglu else packed.n
+        self.n = packed.n // 2 if gated else packed.n
         self.weights = {name: ort.OrtValue.ortvalue_from_numpy(a, *self.device) for name, a in self.feeds.items()}
 
     def __call__(self, x: np.ndarray) -> np.ndarray:

@@ -303,41 +303,47 @@ def test_float16_activations_are_the_float32_op_rounded_once(bits: int, accuracy
         assert_close_to_reference(y.astype(np.float32), x.astype(np.float32), w, bias, rtol=2e-3)
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return np.float32(0.5) * x * (1 + np.tanh(np.float32(0.7978845608) * (x + np.float32(0.044715) * x ** 3)))
+
+
 @pytest.mark.parametrize("bits", [2, 3, 4])
 @pytest.mark.parametrize("accuracy_level", [0, 4])
-def test_swiglu_activation_fuses_split_sigmoid_and_mul(bits: int, accuracy_level: int) -> None:
-    """activation=1: Y = silu(gate) * up from one call over interleaved rows, each element computed from the same
-    float32 gate and up values as the plain op gives for those rows; batch-invariant; float16 too."""
-    from edge.kernels.pack import interleave_swiglu
+@pytest.mark.parametrize("gated", [1, 2])
+def test_gated_activation_fuses_split_activation_and_mul(bits: int, accuracy_level: int, gated: int) -> None:
+    """activation=1 (silu) or 2 (gelu_tanh): Y = act(gate) * up from one call over interleaved rows, each element
+    computed from the same float32 gate and up values as the plain op gives for those rows; batch-invariant; float16
+    too."""
+    from edge.kernels.pack import interleave_gated
 
     rng = np.random.default_rng(60 + bits)
     n, k = 48, 160
     codes = rng.integers(0, 1 << bits, size=(2, n, k)).astype(np.uint8)
     scales = rng.uniform(0.01, 0.1, size=(2, n, k // 32)).astype(np.float32)
     zeros = rng.integers(0, 1 << bits, size=(2, n, k // 32)).astype(np.uint8)
-    fused = [interleave_swiglu(a[0], a[1]) for a in (codes, scales, zeros)]
+    fused = [interleave_gated(a[0], a[1]) for a in (codes, scales, zeros)]
     packed = ek.pack(*fused, bits=bits, group_size=32)
     bias = rng.standard_normal(2 * n).astype(np.float32)
-    run = QMatMulRunner(packed, bias, accuracy_level=accuracy_level, swiglu=True)
+    run = QMatMulRunner(packed, bias, accuracy_level=accuracy_level, gated=gated)
     plain = QMatMulRunner(packed, bias, accuracy_level=accuracy_level)
     x = rng.standard_normal((9, k)).astype(np.float32)
     y = run(x)
     assert y.shape == (9, n)
     both = plain(x).reshape(9, n // 4, 2, 4)  # per tile: 4 gate columns, then their 4 up columns
     gate, up = both[:, :, 0].reshape(9, n), both[:, :, 1].reshape(9, n)
-    want = gate / (np.float32(1) + np.exp(-gate)) * up
-    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)  # the plain op itself meets the float64 reference
+    act = gate / (np.float32(1) + np.exp(-gate)) if gated == 1 else gelu_tanh(gate)
+    np.testing.assert_allclose(y, act * up, rtol=1e-5, atol=1e-5)  # gelu_tanh cancels for very negative gates  # the plain op itself meets the float64 reference
     np.testing.assert_array_equal(np.concatenate([run(x[i : i + 1]) for i in range(9)]), y)
-    half = QMatMulRunner(packed, bias, accuracy_level=accuracy_level, swiglu=True, float16=True)
+    half = QMatMulRunner(packed, bias, accuracy_level=accuracy_level, gated=gated, float16=True)
     x16 = x.astype(np.float16)
     np.testing.assert_array_equal(half(x16), run(x16.astype(np.float32)).astype(np.float16))
 
 
 @cpu_only
-def test_swiglu_needs_whole_tiles() -> None:
+def test_gated_activation_needs_whole_tiles() -> None:
     ensure_library()
     packed, _ = make_weight(np.random.default_rng(0), 12, 64, 4, 32)
-    model, _ = qmatmul_model(packed, ["M", 64], swiglu=True)
+    model, _ = qmatmul_model(packed, ["M", 64], gated=1)
     so = ort.SessionOptions()
     ek.register(so)
     with pytest.raises(Exception, match="multiple of 8"):

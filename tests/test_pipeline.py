@@ -120,7 +120,7 @@ def test_zero_point_options_are_checked(tmp_path):
         pipeline.export_model("tiny", tmp_path / "e", quant="spqr", model=imported, stat_bits=9)
 
 
-def test_edge_kernel_exports_fuse_the_swiglu_gate_and_say_so(tmp_path):
+def test_edge_kernel_exports_fuse_the_mlp_gate_and_say_so(tmp_path):
     """--kernels edge: one edge.QMatMul (activation=1) per MLP instead of Split, Sigmoid and Mul, recorded in the
     manifest for the memory model; the same int4 weights give the stock graph's logits (float activations in both)."""
     import onnx

@@ -41,10 +41,11 @@ struct QMatMulArgs {
   int digits = 3;               // integer kernels: 3 (x to 23 bits) or 1 (x to int8: accuracy_level 4)
   const float* xpow = nullptr;   // integer kernels: (M, G) power-of-two scale of each row's group
   const float* xsum = nullptr;  // (M, G): per row and group sum of x, see row_group_sums
-  float* y = nullptr;           // (M, N), or (M, N / 2) with swiglu
-  // activation=1: W's rows come as tiles of 4 gate rows then the 4 matching up rows, and Y holds
-  // silu(gate) * up, N / 2 columns (the Llama MLP's gated activation, fused: no Split, Sigmoid and Mul nodes).
-  bool swiglu = false;
+  float* y = nullptr;           // (M, N), or (M, N / 2) when gated
+  // gated (the op's attribute activation): 0 none; 1 silu(gate) * up (Llama's MLP), 2 gelu_tanh(gate) * up
+  // (Gemma's). W's rows then come as tiles of 4 gate rows and the 4 matching up rows, and Y has N / 2 columns: the
+  // MLP's gated activation fused, with no Split, activation and Mul nodes.
+  int gated = 0;
 };
 
 // Layout constants shared with the Python packer.
@@ -57,8 +58,8 @@ void finish_layout(QMatMulArgs& a);
 // Sums of x over each group, per row, in a fixed order (shared by every code path).
 void row_group_sums(const QMatMulArgs& a, float* out);
 
-// Add outliers and bias to the 8 dense results of one tile and row, and store the columns that exist (with swiglu:
-// silu(gate) * up of the tile's 4 pairs).
+// Add outliers and bias to the 8 dense results of one tile and row, and store the columns that exist (gated: the
+// activation of the tile's 4 gate columns times their up columns).
 void finish_tile_row(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense8);
 
 // Compute tiles [t0, t1) for all rows. The AVX2 variant exists only when compiled on x86-64.
@@ -108,8 +109,10 @@ bool uses_avx2();
 
 float half_to_float(uint16_t h);
 
-// x * sigmoid(x), the gate activation of the fused SwiGLU (ORT's QuickGelu with alpha 1 computes the same).
+// The gate activations: x * sigmoid(x), and GELU's tanh form (as ORT's FastGelu).
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+inline float gelu_tanh(float x) { return 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x))); }
+inline float gate_activation(int gated, float x) { return gated == 1 ? silu(x) : gelu_tanh(x); }
 uint16_t float_to_half(float f);  // round to nearest even, as every IEEE conversion
 
 }  // namespace edge

@@ -66,7 +66,7 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
   a.bits = k.bits;
   a.group = k.group;
   a.digits = k.digits;
-  a.swiglu = k.swiglu;
+  a.gated = k.gated;
   finish_layout(a);
   if (std::string err = check(k, in, a); !err.empty()) return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
   a.M = in[0].count / k.K;
@@ -88,7 +88,7 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
     a.outlier_nnz = in[5].count;
   }
   out->out_dims = in[0].dims;
-  out->out_dims.back() = k.swiglu ? k.N / 2 : k.N;
+  out->out_dims.back() = k.gated ? k.N / 2 : k.N;
   OrtValue* y = nullptr;
   if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 0, out->out_dims.data(), out->out_dims.size(), &y)) return st;
   void* y_data = nullptr;

@@ -14,7 +14,7 @@ struct QMatMulKernel {
   int64_t K = 0, N = 0, group = 0;
   int bits = 0;
   int digits = 3;  // 1 with accuracy_level 4 (int8 activations in the VNNI kernels; other kernels stay fp32)
-  bool swiglu = false;  // attribute activation=1: Y = silu(gate) * up over interleaved rows (QMatMulArgs::swiglu)
+  int gated = 0;  // attribute activation: 1 silu(gate) * up, 2 gelu_tanh(gate) * up (QMatMulArgs::gated)
 };
 
 struct BoundTensors {

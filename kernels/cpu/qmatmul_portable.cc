@@ -88,10 +88,10 @@ void finish_tile_row(const QMatMulArgs& a, int64_t m, int64_t tile, const float*
         v[j] += half_to_float(a.outlier_values[e]) * xr[a.outlier_cols[e]];
     }
     if (a.bias != nullptr) v[j] += a.bias[n];
-    if (!a.swiglu) a.y[m * a.N + n] = v[j];
+    if (a.gated == 0) a.y[m * a.N + n] = v[j];
   }
-  if (a.swiglu)  // N is a multiple of 8 (checked at kernel creation)
-    for (int i = 0; i < 4; ++i) a.y[m * (a.N / 2) + tile * 4 + i] = silu(v[i]) * v[4 + i];
+  if (a.gated != 0)  // N is a multiple of 8 (checked at kernel creation)
+    for (int i = 0; i < 4; ++i) a.y[m * (a.N / 2) + tile * 4 + i] = gate_activation(a.gated, v[i]) * v[4 + i];
 }
 
 namespace {

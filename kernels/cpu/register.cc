@@ -3,7 +3,8 @@
 // CUDAExecutionProvider.
 //
 // Inputs of edge.QMatMul (attributes K, N, bits, group_size, optional accuracy_level 0 or 4, optional activation
-// 0 or 1 = swiglu: Y = silu(gate) * up with N / 2 columns, rows of W in tiles of 4 gate rows and their 4 up rows):
+// 0, 1 or 2: Y = act(gate) * up with N / 2 columns, act silu (1) or gelu_tanh (2), rows of W in tiles of 4 gate
+// rows and their 4 up rows):
 //   0 X        float32 or float16 (..., K); Y has X's type (two registrations, onnxruntime picks by type)
 //   1 codes    uint8, the packed codes (any shape; only the byte count is checked)
 //   2 scales   float32, (ceil(N/8), Kp/group, 8)
@@ -66,13 +67,13 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
     }
     k->digits = accuracy == 4 ? 1 : 3;
   }
-  int64_t activation = 0;  // optional: 1 = swiglu (QMatMulArgs::swiglu)
+  int64_t activation = 0;  // optional: 1 or 2, a gated activation (QMatMulArgs::gated)
   if (st == nullptr) {
     if (OrtStatus* missing = g_ort.KernelInfoGetAttribute_int64(info, "activation", &activation)) {
       g_ort.ReleaseStatus(missing);
       activation = 0;
     }
-    k->swiglu = activation == 1;
+    k->gated = static_cast<int>(activation);
   }
   k->bits = static_cast<int>(bits);
   if (st == nullptr) {
@@ -83,10 +84,10 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
       err = "group_size must be a multiple of 16 in 16..128, got " + std::to_string(k->group);
     else if (accuracy != 0 && accuracy != 4)
       err = "accuracy_level must be 0 (float activations) or 4 (int8 activations), got " + std::to_string(accuracy);
-    else if (activation != 0 && activation != 1)
-      err = "activation must be 0 (none) or 1 (swiglu), got " + std::to_string(activation);
-    else if (activation == 1 && k->N % 8 != 0)
-      err = "activation=1 (swiglu) needs N to be a multiple of 8 (tiles of 4 gate and 4 up rows)";
+    else if (activation < 0 || activation > 2)
+      err = "activation must be 0 (none), 1 (silu-gated) or 2 (gelu_tanh-gated), got " + std::to_string(activation);
+    else if (activation != 0 && k->N % 8 != 0)
+      err = "a gated activation needs N to be a multiple of 8 (tiles of 4 gate and 4 up rows)";
     if (!err.empty()) st = make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
   }
   if (st != nullptr) {
@@ -180,7 +181,7 @@ OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
   thread_local std::vector<float> x32, y32;  // float16 X and Y: widened on entry, rounded once on exit
   if (t.x16 != nullptr) {
     x32.resize(static_cast<size_t>(a.M * a.K));
-    y32.resize(static_cast<size_t>(a.M * (a.swiglu ? a.N / 2 : a.N)));
+    y32.resize(static_cast<size_t>(a.M * (a.gated ? a.N / 2 : a.N)));
     for (size_t i = 0; i < x32.size(); ++i) x32[i] = half_to_float(t.x16[i]);
     a.x = x32.data();
     a.y = y32.data();

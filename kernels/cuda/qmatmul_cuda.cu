@@ -27,7 +27,7 @@ struct DeviceArgs {
   const void* x;  // float, or __half for the float16 registration (then y is __half too)
   int64_t M, K, G, tiles, tile_bytes, group, units;
   int N, bits, warps;
-  bool swiglu;  // Y = silu(gate) * up, N / 2 columns (QMatMulArgs::swiglu)
+  int gated;  // 1 silu(gate) * up, 2 gelu_tanh(gate) * up, N / 2 columns (QMatMulArgs::gated)
   bool vec_x;  // x rows may be read as float4 (K % 4 == 0, 16-byte aligned)
   const uint8_t* codes;
   const float* scales;
@@ -172,7 +172,7 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
     for (int p = 0; p < PER_LANE; ++p) red[warp][first + p] = acc[p];
   }
   __syncthreads();
-  __shared__ float done[S];  // the tile's finished outputs, for the swiglu pairs
+  __shared__ float done[S];  // the tile's finished outputs, for the gated pairs
   const int r = threadIdx.x / 8, j = threadIdx.x % 8;
   const int64_t col = tile * 8 + j;
   const bool mine = threadIdx.x < S && r < rows && col < a.N;
@@ -185,14 +185,16 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
         v += half_to_float_dev(a.outlier_values[e]) * to_float(xr[a.outlier_cols[e]]);
     }
     if (a.bias != nullptr) v += a.bias[col];
-    if (a.swiglu) done[threadIdx.x] = v;
+    if (a.gated) done[threadIdx.x] = v;
     else store(static_cast<T*>(a.y) + (m0 + r) * a.N + col, v);
   }
-  if (!a.swiglu) return;
+  if (!a.gated) return;
   __syncthreads();
   if (mine && j < 4) {  // N is a multiple of 8 here (checked at kernel creation)
     const float g = done[threadIdx.x], u = done[threadIdx.x + 4];
-    store(static_cast<T*>(a.y) + (m0 + r) * (a.N / 2) + tile * 4 + j, g / (1.0f + expf(-g)) * u);
+    const float act = a.gated == 1 ? g / (1.0f + expf(-g))
+                                   : 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
+    store(static_cast<T*>(a.y) + (m0 + r) * (a.N / 2) + tile * 4 + j, act * u);
   }
 }
 
@@ -234,7 +236,7 @@ std::string launch_qmatmul_cuda(const QMatMulArgs& h, const uint16_t* x16, uint1
   const int64_t units = h.Kp / unit_k(h.bits);
   const int warps = static_cast<int>(units >= 96 ? kMaxWarps : (units + 31) / 32);
   DeviceArgs a{x, h.M, h.K, h.G, h.tiles, h.tile_bytes, h.group, units, static_cast<int>(h.N), h.bits, warps,
-               h.swiglu, vec_x, h.codes, h.scales, h.zeros_u8, h.zeros_f32, h.bias, h.outlier_values, h.outlier_cols,
+               h.gated, vec_x, h.codes, h.scales, h.zeros_u8, h.zeros_f32, h.bias, h.outlier_values, h.outlier_cols,
                h.outlier_rowptr, half ? static_cast<void*>(y16) : h.y};
   if (h.tiles > 0x7fffffff || h.M / kMaxRows > 65535) return "too many rows or columns for one launch";
   const auto s = static_cast<cudaStream_t>(stream);
