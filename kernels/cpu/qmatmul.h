@@ -109,9 +109,11 @@ bool uses_avx2();
 
 float half_to_float(uint16_t h);
 
-// The gate activations: x * sigmoid(x), and GELU's tanh form (as ORT's FastGelu).
+// The gate activations: x * sigmoid(x), and GELU's tanh form, 0.5 x (1 + tanh(u)) = x * sigmoid(2u) with
+// u = sqrt(2/pi) (x + 0.044715 x^3): one exp like SiLU (libm's tanh cost Gemma 3's fused prefill 16%), and no
+// cancellation in 1 + tanh for very negative x.
 inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
-inline float gelu_tanh(float x) { return 0.5f * x * (1.0f + std::tanh(0.7978845608f * (x + 0.044715f * x * x * x))); }
+inline float gelu_tanh(float x) { return x / (1.0f + std::exp(-1.5957691216f * (x + 0.044715f * x * x * x))); }
 inline float gate_activation(int gated, float x) { return gated == 1 ? silu(x) : gelu_tanh(x); }
 uint16_t float_to_half(float f);  // round to nearest even, as every IEEE conversion
 
