@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from onnx import helper
 import pytest
 
 import edge.kernels as ek
@@ -124,17 +125,6 @@ def test_int8_activations_worst_case_sums() -> None:
     np.testing.assert_allclose(y, x.astype(np.float64) @ w.T, rtol=1e-6)
 
 
-@cpu_only
-def test_bad_accuracy_level_is_refused() -> None:
-    ensure_library()
-    packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32)
-    model, _ = qmatmul_model(packed, ["M", 64], accuracy_level=2)
-    so = ort.SessionOptions()
-    ek.register(so)
-    with pytest.raises(Exception, match="accuracy_level must be 0"):
-        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def test_rank3_input_and_single_thread_match() -> None:
     rng = np.random.default_rng(3)
     packed, w = make_weight(rng, 64, 128, 4, 32)
@@ -204,18 +194,23 @@ def test_bad_outliers_are_a_clear_error() -> None:
 
 
 @cpu_only
-def test_bad_attribute_fails_at_session_creation() -> None:
-    import edge.kernels as ek
-
+@pytest.mark.parametrize("n,attribute,value,message", [
+    (16, "bits", 5, "bits must be 2, 3 or 4"),
+    (16, "accuracy_level", 2, "accuracy_level must be 0"),
+    (16, "activation", 3, "activation must be 0"),
+    (12, "activation", 1, "multiple of 8"),  # a gated activation needs whole tiles of 4 gate and 4 up rows
+])
+def test_bad_attribute_fails_at_session_creation(n: int, attribute: str, value: int, message: str) -> None:
     ensure_library()
-    packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32)
+    packed, _ = make_weight(np.random.default_rng(0), n, 64, 4, 32)
     model, _ = qmatmul_model(packed, ["M", 64])
-    for attr in model.graph.node[0].attribute:
-        if attr.name == "bits":
-            attr.i = 5
+    node = model.graph.node[0]
+    kept = [a for a in node.attribute if a.name != attribute]
+    del node.attribute[:]
+    node.attribute.extend([*kept, helper.make_attribute(attribute, value)])
     so = ort.SessionOptions()
     ek.register(so)
-    with pytest.raises(Exception, match="bits must be 2, 3 or 4"):
+    with pytest.raises(Exception, match=message):
         ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
@@ -337,17 +332,6 @@ def test_gated_activation_fuses_split_activation_and_mul(bits: int, accuracy_lev
     half = QMatMulRunner(packed, bias, accuracy_level=accuracy_level, gated=gated, float16=True)
     x16 = x.astype(np.float16)
     np.testing.assert_array_equal(half(x16), run(x16.astype(np.float32)).astype(np.float16))
-
-
-@cpu_only
-def test_gated_activation_needs_whole_tiles() -> None:
-    ensure_library()
-    packed, _ = make_weight(np.random.default_rng(0), 12, 64, 4, 32)
-    model, _ = qmatmul_model(packed, ["M", 64], gated=1)
-    so = ort.SessionOptions()
-    ek.register(so)
-    with pytest.raises(Exception, match="multiple of 8"):
-        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.skipif(DEVICE != "cpu" or not cuda_available(), reason="needs onnxruntime-gpu, a GPU and the CUDA build")
