@@ -24,7 +24,6 @@ from kernels_util import cuda_available, ensure_library
 MASKED = np.float32(-1e9)
 
 H, KV, D, L = 6, 2, 32, 96  # three query heads per kv head, as in SmolLM2 (9/3)
-SCALE = D ** -0.5
 DEVICE = os.environ.get("EDGE_TEST_DEVICE", "cpu")
 
 
@@ -33,8 +32,10 @@ class Attention:
     as the runtime binds its KV cache (in place), unless in_place=False."""
 
     def __init__(self, packed: bool = True, bias: bool = True, stock: bool = False, threads: int = 2,
-                 in_place: bool = True, window: int = 0):
+                 in_place: bool = True, window: int = 0, heads: tuple[int, int, int] = (H, KV, D)):
         ensure_library()
+        self.H, self.KV, self.D = heads
+        self.scale = self.D ** -0.5
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         self.device = ("cuda", 0) if DEVICE == "cuda" and not stock else ("cpu", 0)
@@ -43,14 +44,14 @@ class Attention:
         if self.device[0] == "cuda":
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # the CUDA kernel, or an error
             providers = ["CUDAExecutionProvider"]
-        model = attention_model(H, KV, D, packed=packed, bias=bias, stock=stock, scale=SCALE, window=window)
+        model = attention_model(*heads, packed=packed, bias=bias, stock=stock, scale=self.scale, window=window)
         self.window = window
         self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
         self.packed, self.bias, self.in_place = packed, bias, in_place
         rng = np.random.default_rng(1)
-        angles = np.outer(np.arange(256), 1.0 / 10000 ** (np.arange(0, D, 2) / D))
+        angles = np.outer(np.arange(256), 1.0 / 10000 ** (np.arange(0, self.D, 2) / self.D))
         self.cos, self.sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-        self.cache = [rng.standard_normal((1, KV, L, D)).astype(np.float32) for _ in range(2)]
+        self.cache = [rng.standard_normal((1, self.KV, L, self.D)).astype(np.float32) for _ in range(2)]
 
     def __call__(self, q, k, v, past: int, positions, bias=None) -> np.ndarray:
         s = q.shape[0]
@@ -66,7 +67,7 @@ class Attention:
         io = self.sess.io_binding()
         for name, value in feeds.items():
             io.bind_cpu_input(name, np.ascontiguousarray(value))
-        out = np.full((1, s, H * D), np.nan, np.float32)
+        out = np.full((1, s, self.H * self.D), np.nan, np.float32)
         y = ort.OrtValue.ortvalue_from_numpy(out, *self.device)  # on the CPU: wraps `out` without a copy
         io.bind_ortvalue_output("output", y)
         values = [ort.OrtValue.ortvalue_from_numpy(a, *self.device) for a in self.cache]
@@ -94,7 +95,7 @@ def rotate(x, positions, cos, sin):
 def reference(att: Attention, cache_before, q, k, v, past, positions, bias=None):
     """float64: rotary on q and k, causal softmax over the past and the new rows (plus the bias), weighted values;
     with a window, a query at position p sees the keys p-window+1 .. p (GroupQueryAttention's local_window_size)."""
-    s = q.shape[0]
+    s, (H, KV, D) = q.shape[0], (att.H, att.KV, att.D)
     pos = np.asarray(positions)
     keys = cache_before[0][0, :, :past].astype(np.float64)
     vals = cache_before[1][0, :, :past].astype(np.float64)
@@ -107,7 +108,7 @@ def reference(att: Attention, cache_before, q, k, v, past, positions, bias=None)
         first = max(0, pos[i] - att.window + 1) if att.window else 0
         for h in range(H):
             g = h // (H // KV)
-            scores = keys[g, first:past + i + 1] @ qr[i, h] * SCALE
+            scores = keys[g, first:past + i + 1] @ qr[i, h] * att.scale
             if bias is not None:
                 scores = scores + bias[0, 0, i, first:past + i + 1]
             p = np.exp(scores - scores.max())
@@ -115,9 +116,10 @@ def reference(att: Attention, cache_before, q, k, v, past, positions, bias=None)
     return out.reshape(s, H * D), keys, vals
 
 
-def rows(rng, s):
-    return (rng.standard_normal((s, H * D)).astype(np.float32), rng.standard_normal((s, KV * D)).astype(np.float32),
-            rng.standard_normal((s, KV * D)).astype(np.float32))
+def rows(rng, s, heads: tuple[int, int, int] = (H, KV, D)):
+    h, kv, d = heads
+    return (rng.standard_normal((s, h * d)).astype(np.float32), rng.standard_normal((s, kv * d)).astype(np.float32),
+            rng.standard_normal((s, kv * d)).astype(np.float32))
 
 
 @pytest.mark.parametrize("packed,window", [(True, 0), (False, 0), (True, 11)])
@@ -177,6 +179,23 @@ def test_each_row_of_a_chain_equals_the_row_decoded_alone(window):
         np.testing.assert_array_equal(out[i], row[0], err_msg=f"row {i}")
     np.testing.assert_array_equal(together.cache[0], alone.cache[0])
     np.testing.assert_array_equal(together.cache[1], alone.cache[1])
+
+
+@pytest.mark.parametrize("heads", [(4, 1, 64), (8, 1, 96), (2, 2, 64), (8, 2, 128), (9, 3, 64)])
+def test_head_layouts_match_the_reference_and_rows_their_one_token_steps(heads):
+    """The CPU kernel attends up to three heads of a kv group per task (a group of 4 as 2 + 2, of 8 as 3 + 3 + 2) and
+    head dims in blocks of 64 plus a tail of 8s: every layout against float64, and each row of a chain bitwise
+    equal to the row decoded alone."""
+    rng = np.random.default_rng(sum(heads))
+    q, k, v = rows(rng, 5, heads)
+    together, alone = Attention(heads=heads), Attention(heads=heads)
+    before = [a.copy() for a in together.cache]
+    out = together(q, k, v, 30, np.arange(30, 35))
+    ref, _, _ = reference(together, before, q, k, v, 30, np.arange(30, 35))
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6)
+    for i in range(5):
+        row = alone(q[i:i + 1], k[i:i + 1], v[i:i + 1], 30 + i, [30 + i])
+        np.testing.assert_array_equal(out[i], row[0], err_msg=f"row {i}")
 
 
 @pytest.mark.parametrize("window", [0, 20])

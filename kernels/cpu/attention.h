@@ -63,10 +63,22 @@ inline RowTask row_task(const AttentionArgs& a, int64_t s, int64_t h, float* q) 
           a.out + s * a.H * D + h * D};
 }
 
-// One (row, head) task; `scratch` holds P + S floats (the row's scores).
-using AttendFn = void (*)(const AttentionArgs& a, int64_t s, int64_t h, float* scratch);
-void attend_portable(const AttentionArgs& a, int64_t s, int64_t h, float* scratch);
-void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h, float* scratch);
+// Query heads that share a kv head see the same keys, values and bias, so one task attends `count` of them for one
+// row: their dot products read each key once and their weighted sums each block of values once (a layer's keys
+// and values outgrow L1, and one head at a time was bound by reading them back from L2). Each head's arithmetic is
+// the same whichever heads share its task. At most kMaxTaskHeads heads per task: more would spill registers.
+constexpr int64_t kMaxTaskHeads = 3;
+
+// Heads per task: the kv group split evenly into the fewest blocks of at most kMaxTaskHeads.
+inline int64_t heads_per_task(const AttentionArgs& a) {
+  const int64_t group = a.H / a.KV, blocks = (group + kMaxTaskHeads - 1) / kMaxTaskHeads;
+  return (group + blocks - 1) / blocks;
+}
+
+// Heads h0 .. h0+count-1 (one kv group) of row s; `scratch` holds count * (P + S) floats (their scores).
+using AttendFn = void (*)(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch);
+void attend_portable(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch);
+void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch);
 
 // The kernel this process uses (the same ISA choice as edge.QMatMul's; AVX2 needs D % 8 == 0).
 AttendFn select_attend_fn(int64_t head_dim);

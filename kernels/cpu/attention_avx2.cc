@@ -10,91 +10,143 @@
 #include <vector>
 
 #include "attention.h"
+#include "exp_avx2.h"
 
 namespace edge {
 namespace {
 
-float hsum(__m256 v) {
-  const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pairs = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-  return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
-}
-
-// q . key over D (a multiple of 8): two accumulators, combined the same way for every key.
-float dot(const float* q, const float* key, int64_t D) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t d = 0;
-  for (; d + 16 <= D; d += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(key + d), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), _mm256_loadu_ps(key + d + 8), a1);
+// Q queries (heads of one kv group) against 4 keys at once (D a multiple of 8): per query and key one FMA chain over
+// D in order, then the same pairwise tree over its 8 lanes whatever the slot and whatever Q, so a score never
+// depends on the block or the task it falls in. The independent chains keep both FMA units busy, and each key
+// is read from L2 once for all Q queries.
+template <int Q>
+void dot4(const float* const q[], const float* const keys[4], int64_t D, __m128 out[]) {
+  __m256 acc[Q][4];
+  for (int i = 0; i < Q; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8)
+    for (int i = 0; i < Q; ++i) {
+      const __m256 qv = _mm256_loadu_ps(q[i] + d);
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys[j] + d), acc[i][j]);
+    }
+  // hadd pairs neighbours: lane j holds key j's (l0+l1)+(l2+l3) in the low half and (l4+l5)+(l6+l7) in the high.
+  for (int i = 0; i < Q; ++i) {
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]), _mm256_hadd_ps(acc[i][2], acc[i][3]));
+    out[i] = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
   }
-  if (d < D) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(key + d), a0);
-  return hsum(_mm256_add_ps(a0, a1));
 }
 
-// e^x for x <= 0 (scores minus their maximum), ~2 ulp; exactly 0 below -87 (a key masked by the tree bias).
-__m256 exp_nonpositive(__m256 x) {
-  const __m256 live = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln 2 split in two for an exact reduction
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);  // e^r on |r| <= ln2/2 (Cephes' expf coefficients)
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i exponent = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(exponent)), live);
+// Scaled scores plus bias of Q queries for the task's n keys, into scores[i]; top[i] receives each maximum. The
+// last block repeats the last key in its empty slots and drops their results.
+template <int Q>
+void score_keys(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[],
+                float top[]) {
+  const __m128 vscale = _mm_set1_ps(scale);
+  __m128 vtop[Q];
+  for (int i = 0; i < Q; ++i) vtop[i] = _mm_set1_ps(-INFINITY);
+  for (int64_t t = 0; t < r.n; t += 4) {
+    const float* keys[4];
+    alignas(16) float bias[4] = {0, 0, 0, 0};
+    for (int j = 0; j < 4; ++j) {
+      const int64_t k = std::min<int64_t>(t + j, r.n - 1);
+      keys[j] = r.keys + k * D;
+      if (r.bias != nullptr) bias[j] = r.bias[k];
+    }
+    __m128 v[Q];
+    dot4<Q>(q, keys, D, v);
+    const int64_t live = std::min<int64_t>(4, r.n - t);
+    for (int i = 0; i < Q; ++i) {
+      v[i] = _mm_mul_ps(v[i], vscale);
+      if (r.bias != nullptr) v[i] = _mm_add_ps(v[i], _mm_load_ps(bias));
+      vtop[i] = _mm_max_ps(vtop[i], v[i]);  // a repeated key changes no maximum
+      alignas(16) float out[4];
+      _mm_store_ps(out, v[i]);
+      std::copy(out, out + live, scores[i] + t);
+    }
+  }
+  for (int i = 0; i < Q; ++i) {
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, vtop[i]);
+    top[i] = *std::max_element(lanes, lanes + 4);
+  }
+}
+
+// scores[t] = e^(scores[t] - top) for n keys; each key's exponential is the same whatever its lane.
+void exponentials(float* scores, int64_t n, float top) {
+  const __m256 shift = _mm256_set1_ps(top);
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8)
+    _mm256_storeu_ps(scores + t, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(scores + t), shift)));
+  if (t < n) {  // the tail through a padded copy
+    alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::copy(scores + t, scores + n, tail);
+    _mm256_store_ps(tail, exp_avx2(_mm256_sub_ps(_mm256_load_ps(tail), shift)));
+    std::copy(tail, tail + (n - t), scores + t);
+  }
+}
+
+// out[0..D) += sum over keys k0..k1 of w[k] * values[k], keys in order, in blocks of 64 dims (8 accumulators;
+// 8 dims at a time past the last whole block). Returns sum + the w[k] in key order, added alongside the first
+// block, where the FMAs hide the adds' latency.
+float weighted_values(const float* w, const float* values, int64_t D, int64_t k0, int64_t k1, float* out,
+                      float sum) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_loadu_ps(out + d0 + 8 * j);
+    for (int64_t k = k0; k < k1; ++k) {
+      if (d0 == 0) sum += w[k];
+      const __m256 wk = _mm256_set1_ps(w[k]);
+      const float* row = values + k * D + d0;
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(row + 8 * j), acc[j]);
+    }
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + d0 + 8 * j, acc[j]);
+  }
+  for (int64_t k = k0; d0 == 0 && k < k1; ++k) sum += w[k];
+  for (; d0 < D; d0 += 8) {
+    __m256 acc = _mm256_loadu_ps(out + d0);
+    for (int64_t k = k0; k < k1; ++k)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(w[k]), _mm256_loadu_ps(values + k * D + d0), acc);
+    _mm256_storeu_ps(out + d0, acc);
+  }
+  return sum;
 }
 
 }  // namespace
 
-void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h, float* scores) {
-  const int64_t D = a.D;
-  thread_local std::vector<float> q;
-  q.resize(static_cast<size_t>(D));
-  const RowTask r = row_task(a, s, h, q.data());
-  const int64_t n = r.n;
-  float top = -INFINITY;
-  for (int64_t t = 0; t < n; ++t) {
-    scores[t] = dot(q.data(), r.keys + t * D, D) * a.scale + (r.bias != nullptr ? r.bias[t] : 0.0f);
-    top = std::max(top, scores[t]);
+void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
+  const int64_t D = a.D, stride = a.P + a.S;
+  thread_local std::vector<float> qbuf;
+  qbuf.resize(static_cast<size_t>(kMaxTaskHeads * D));
+  const float* q[kMaxTaskHeads];
+  float* scores[kMaxTaskHeads];
+  float* out[kMaxTaskHeads];
+  RowTask r{};
+  for (int64_t i = 0; i < count; ++i) {  // the heads share keys, values and bias; each has its query and output
+    r = row_task(a, s, h0 + i, qbuf.data() + i * D);
+    q[i] = qbuf.data() + i * D;
+    scores[i] = scratch + i * stride;
+    out[i] = r.out;
   }
-  const __m256 shift = _mm256_set1_ps(top);
-  int64_t t = 0;
-  for (; t + 8 <= n; t += 8)
-    _mm256_storeu_ps(scores + t, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + t), shift)));
-  if (t < n) {  // the tail through a padded copy: each key's exponential is the same whatever its lane
-    alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    std::copy(scores + t, scores + n, tail);
-    _mm256_store_ps(tail, exp_nonpositive(_mm256_sub_ps(_mm256_load_ps(tail), shift)));
-    std::copy(tail, tail + (n - t), scores + t);
+  float top[kMaxTaskHeads], sum[kMaxTaskHeads] = {};
+  switch (count) {
+    case 1: score_keys<1>(q, r, D, a.scale, scores, top); break;
+    case 2: score_keys<2>(q, r, D, a.scale, scores, top); break;
+    default: score_keys<3>(q, r, D, a.scale, scores, top); break;
   }
-  int64_t d0 = 0;
-  for (; d0 + 64 <= D; d0 += 64) {  // 64 dims in 8 independent accumulators, keys in order
-    __m256 acc[8];
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < n; ++k) {
-      const __m256 w = _mm256_set1_ps(scores[k]);
-      const float* row = r.values + k * D + d0;
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * j), acc[j]);
-    }
-    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(r.out + d0 + 8 * j, acc[j]);
+  for (int64_t i = 0; i < count; ++i) {
+    exponentials(scores[i], r.n, top[i]);
+    std::fill(out[i], out[i] + D, 0.0f);
   }
-  for (; d0 < D; d0 += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t k = 0; k < n; ++k)
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[k]), _mm256_loadu_ps(r.values + k * D + d0), acc);
-    _mm256_storeu_ps(r.out + d0, acc);
+  // Values in blocks of ~16 KB that stay in L1 while every head of the task takes its turn.
+  const int64_t block = std::max<int64_t>(8, 4096 / D);
+  for (int64_t k0 = 0; k0 < r.n; k0 += block)
+    for (int64_t i = 0; i < count; ++i)
+      sum[i] = weighted_values(scores[i], r.values, D, k0, std::min(k0 + block, r.n), out[i], sum[i]);
+  for (int64_t i = 0; i < count; ++i) {
+    const __m256 inv = _mm256_set1_ps(1.0f / sum[i]);
+    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out[i] + d, _mm256_mul_ps(_mm256_loadu_ps(out[i] + d), inv));
   }
-  float sum = 0.0f;
-  for (int64_t k = 0; k < n; ++k) sum += scores[k];
-  const __m256 inv = _mm256_set1_ps(1.0f / sum);
-  for (d0 = 0; d0 < D; d0 += 8) _mm256_storeu_ps(r.out + d0, _mm256_mul_ps(_mm256_loadu_ps(r.out + d0), inv));
 }
 
 }  // namespace edge

@@ -212,15 +212,20 @@ struct Job {
   int64_t tasks, chunks;
 };
 
-// Contiguous ranges of (row, head) tasks; a task's result never depends on which thread runs it.
+// Contiguous ranges of tasks (a row and a block of heads of one kv group); a task's result never depends on which
+// thread runs it. Tasks are numbered kv head first: the rows that read one kv head's keys and values run back to
+// back, so a verify step reads each layer's cache from memory about once rather than once per row.
 void run_chunk(void* user, size_t index) {
   const auto* job = static_cast<const Job*>(user);
   const AttentionArgs& a = *job->args;
+  const int64_t heads = heads_per_task(a), group = a.H / a.KV, blocks = group / heads + (group % heads != 0);
   thread_local std::vector<float> scores;
-  scores.resize(static_cast<size_t>(a.P + a.S));
+  scores.resize(static_cast<size_t>(heads * (a.P + a.S)));
   const int64_t i = static_cast<int64_t>(index);
-  for (int64_t t = job->tasks * i / job->chunks; t < job->tasks * (i + 1) / job->chunks; ++t)
-    job->fn(a, t / a.H, t % a.H, scores.data());
+  for (int64_t t = job->tasks * i / job->chunks; t < job->tasks * (i + 1) / job->chunks; ++t) {
+    const int64_t g = t / (a.S * blocks), s = t / blocks % a.S, h0 = g * group + t % blocks * heads;
+    job->fn(a, s, h0, std::min(heads, g * group + group - h0), scores.data());
+  }
 }
 
 OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
@@ -229,7 +234,8 @@ OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   if (OrtStatus* st = prepare_attention(*static_cast<const AttentionKernel*>(kernel), ctx, in, a, true)) return st;
   write_cache(in, a);
   if (a.S == 0) return nullptr;
-  Job job{&a, select_attend_fn(a.D), a.S * a.H, 1};
+  const int64_t heads = heads_per_task(a), group = a.H / a.KV;
+  Job job{&a, select_attend_fn(a.D), a.S * a.KV * ((group + heads - 1) / heads), 1};
   const int64_t work = a.H * a.S * (a.P + a.S) * a.D;  // multiply-adds of the scores
   if (work >= (int64_t{1} << 15)) job.chunks = std::min<int64_t>(job.tasks, 64);
   if (job.chunks == 1) {

@@ -8,7 +8,9 @@
 
 namespace edge {
 
-void attend_portable(const AttentionArgs& a, int64_t s, int64_t h, float* scores) {
+namespace {
+
+void attend_head(const AttentionArgs& a, int64_t s, int64_t h, float* scores) {
   const int64_t D = a.D;
   thread_local std::vector<float> q, acc;
   q.resize(static_cast<size_t>(D));
@@ -28,6 +30,12 @@ void attend_portable(const AttentionArgs& a, int64_t s, int64_t h, float* scores
     for (int64_t d = 0; d < D; ++d) acc[d] += e * r.values[t * D + d];
   }
   for (int64_t d = 0; d < D; ++d) r.out[d] = acc[d] / sum;
+}
+
+}  // namespace
+
+void attend_portable(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
+  for (int64_t h = h0; h < h0 + count; ++h) attend_head(a, s, h, scratch);
 }
 
 AttendFn select_attend_fn(int64_t head_dim) {

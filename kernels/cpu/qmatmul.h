@@ -61,6 +61,9 @@ void row_group_sums(const QMatMulArgs& a, float* out);
 // Add outliers and bias to the 8 dense results of one tile and row, and store the columns that exist (gated: the
 // activation of the tile's 4 gate columns times their up columns).
 void finish_tile_row(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense8);
+// The same with AVX2 (bias and the gate activation 8 lanes at once; calls finish_tile_row for outliers and a partial
+// last tile), for the x86 vector kernels: the scalar form took a third of an 8-row fused gate/up matmul.
+void finish_tile_row_avx2(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense8);
 
 // Compute tiles [t0, t1) for all rows. The AVX2 variant exists only when compiled on x86-64.
 void qmatmul_tiles_portable(const QMatMulArgs& a, int64_t t0, int64_t t1);
@@ -89,6 +92,7 @@ inline DigitScale digit_scale(float amax, int digits) {
   return {std::ldexp(1.0f, shift), std::ldexp(1.0f, -shift)};
 }
 void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum);  // same output, faster
+void prepare_int8_avx2(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum);  // digits == 1 only, same output
 
 // The activations the vector kernels read: code i of a packed word is decoded in place as q * 2^(bits*i), so x[k] is
 // scaled by 2^-(bits*i) (exact), except for the last code of a word, which is shifted down. out is (M, ldx).

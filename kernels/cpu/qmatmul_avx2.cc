@@ -5,8 +5,12 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <utility>
 
+#include "exp_avx2.h"
 #include "qmatmul_simd.h"
 #include "qmatmul_vnni.h"
 
@@ -41,6 +45,16 @@ struct Avx2 {
   static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
 };
+
+// gate_activation's formulas, 8 lanes at once.
+__m256 gate_activation_avx2(int gated, __m256 x) {
+  __m256 u = x;  // silu: x / (1 + e^-x); gelu_tanh: x / (1 + e^(-1.5957691216 (x + 0.044715 x^3)))
+  if (gated != 1)
+    u = _mm256_mul_ps(_mm256_set1_ps(1.5957691216f),
+                      _mm256_add_ps(x, _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x), x), x)));
+  const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), u));
+  return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
 
 // accuracy_level 4 without VNNI. Why: the fp32 kernel converts every code to float and spends an FMA per row on it,
 // so an 8-row verify step costs several times a 1-row one; here vpmaddubsw multiplies 32 codes by 32 int8 x at once.
@@ -93,13 +107,73 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
   alignas(32) float out[8];
   for (int r = 0; r < R; ++r) {
     _mm256_store_ps(out, acc[r]);
-    finish_tile_row(a, m0 + r, t, out);
+    finish_tile_row_avx2(a, m0 + r, t, out);
   }
+}
+
+// One group of one row at accuracy_level 4 (one digit: x rounded to int8), as group_digits in qmatmul_portable.cc
+// computes it (same amax, scale and rounding to nearest even, so the same bytes), 8 k at a time: the scalar loop
+// cost an 8-token SmolLM2 verify step ~1 ms.
+void group_int8_avx2(const float* x, int64_t group, int32_t* out, float* pow_out, float* sum_out) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  __m256 vmax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  for (int64_t i = 0; i < group; i += 8) {
+    const __m256 v = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, inf, _CMP_NLT_UQ));  // inf or nan
+    vmax = _mm256_max_ps(vmax, v);
+  }
+  if (_mm256_movemask_ps(bad) != 0) {  // the row's outputs become NaN, as in fp32
+    std::fill(out, out + group / 4, 0);
+    *pow_out = *sum_out = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  const DigitScale scale = digit_scale(*std::max_element(lanes, lanes + 8), 1);
+  const __m256 mul = _mm256_set1_ps(scale.mul);
+  // Per 128-bit lane (k0..k3, k4..k7): the low bytes of its k in the order even, even, odd, odd.
+  const __m256i order = _mm256_setr_epi8(0, 8, 4, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                         0, 8, 4, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  __m256i vsum = _mm256_setzero_si256();
+  for (int64_t i = 0; i < group; i += 8, out += 2) {  // one 8-k unit: [even k bytes, odd k bytes]
+    __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), mul));  // round to nearest even
+    v = _mm256_max_epi32(_mm256_min_epi32(v, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+    vsum = _mm256_add_epi32(vsum, v);
+    const __m256i bytes = _mm256_shuffle_epi8(v, order);
+    const uint32_t lo = static_cast<uint32_t>(_mm256_cvtsi256_si32(bytes));
+    const uint32_t hi = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm256_extracti128_si256(bytes, 1)));
+    out[0] = static_cast<int32_t>((lo & 0xffffu) | (hi << 16));
+    out[1] = static_cast<int32_t>((lo >> 16) | (hi & 0xffff0000u));
+  }
+  alignas(32) int32_t sums[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sums), vsum);
+  int32_t sum = 0;
+  for (int32_t v : sums) sum += v;
+  *pow_out = scale.step;
+  *sum_out = static_cast<float>(sum) * scale.step;
 }
 
 }  // namespace
 
+void finish_tile_row_avx2(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense8) {
+  if (a.outlier_rowptr != nullptr || tile * 8 + 8 > a.N) return finish_tile_row(a, m, tile, dense8);
+  __m256 v = _mm256_loadu_ps(dense8);
+  if (a.bias != nullptr) v = _mm256_add_ps(v, _mm256_loadu_ps(a.bias + tile * 8));
+  if (a.gated == 0) return _mm256_storeu_ps(a.y + m * a.N + tile * 8, v);
+  const __m256 act = gate_activation_avx2(a.gated, v);  // lanes 0-3: the gates; 4-7: their up values
+  _mm_storeu_ps(a.y + m * (a.N / 2) + tile * 4, _mm_mul_ps(_mm256_castps256_ps128(act), _mm256_extractf128_ps(v, 1)));
+}
+
 void qmatmul_tiles_avx2(const QMatMulArgs& a, int64_t t0, int64_t t1) { simd::run_tiles<Avx2>(a, t0, t1); }
+
+void prepare_int8_avx2(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
+  const int64_t units_total = a.Kp / 8;
+  for (int64_t m = 0; m < a.M; ++m)
+    for (int64_t g = 0; g < a.G; ++g)
+      group_int8_avx2(a.x + m * a.ldx + g * a.group, a.group, xd + (m * units_total + g * (a.group / 8)) * 2,
+                      xpow + m * a.G + g, xsum + m * a.G + g);
+}
 
 void qmatmul_tiles_avx2_int8(const QMatMulArgs& a, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {

@@ -182,6 +182,12 @@ void qmatmul_tiles_avxvnni(const QMatMulArgs& a, int64_t t0, int64_t t1) { qmatm
 void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
   prepare_digits(a, xd, xpow, xsum);
 }
+void finish_tile_row_avx2(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense8) {
+  finish_tile_row(a, m, tile, dense8);
+}
+void prepare_int8_avx2(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
+  prepare_digits(a, xd, xpow, xsum);
+}
 #endif
 
 namespace {

@@ -146,7 +146,10 @@ void prepare_activations(QMatMulArgs& a, TilesFn fn) {
     static_assert(sizeof(float) == sizeof(int32_t), "digits share the float scratch");
     auto* xd = reinterpret_cast<int32_t*>(next);
     float* xpow = next + rows * kp * a.digits / 4;
-    (fn == qmatmul_tiles_avx512vnni ? prepare_digits_avx512 : prepare_digits)(a, xd, xpow, xsum);
+    const auto prepare = fn == qmatmul_tiles_avx512vnni ? prepare_digits_avx512
+                         : a.digits == 1 && uses_avx2()  ? prepare_int8_avx2
+                                                         : prepare_digits;
+    prepare(a, xd, xpow, xsum);
     a.xd = xd;
     a.xpow = xpow;
     return;
