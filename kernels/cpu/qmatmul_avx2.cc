@@ -62,9 +62,12 @@ __m256 gate_activation_avx2(int gated, __m256 x) {
 // per 16-bit lane 16 products of at most 15 * 127 over a 32-k flush (30,480 < 2^15, no saturation), widened by
 // vpmaddwd. The integer sum of a flush is the same number the VNNI kernels (qmatmul_vnni.h, digits = 1) form, and
 // the float steps after it are theirs, so the results equal theirs bit for bit, and row m depends only on row m.
-template <int R>
+// kGroup32: groups of 32 k are one flush each, so a group's sum needs no float accumulator of its own (0 + x is x:
+// the same results with R fewer live registers, which spilled at 8 rows). Measured on a Zen 3 core (576x3072):
+// 8-12% faster at 2-8 rows; one row gains as much again from a fixed, fully unrolled flush, which more rows lose.
+template <int R, bool kGroup32>
 void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
-  const int64_t units_per_group = a.group / 8;
+  const int64_t units_per_group = kGroup32 && R == 1 ? vnni::kFlushUnits : a.group / 8;
   const int64_t units_total = a.Kp / 8;
   const uint8_t* unit = a.codes + t * a.tile_bytes;
   const __m256i nibbles = _mm256_set1_epi8(0x0F);
@@ -92,8 +95,10 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
           s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(pe, po));
         }
       }
-      for (int r = 0; r < R; ++r)
-        accg[r] = _mm256_add_ps(accg[r], _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[r], ones)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[r], ones));
+        accg[r] = kGroup32 ? sum : _mm256_add_ps(accg[r], sum);
+      }
     }
     const int64_t at = (t * a.G + g) * 8;
     const __m256 s = Avx2::load(a.scales + at, 0);
@@ -175,21 +180,30 @@ void prepare_int8_avx2(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xs
                       xpow + m * a.G + g, xsum + m * a.G + g);
 }
 
-void qmatmul_tiles_avx2_int8(const QMatMulArgs& a, int64_t t0, int64_t t1) {
+namespace {
+
+template <bool kGroup32>
+void int8_tiles(const QMatMulArgs& a, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
     int64_t m0 = 0;
-    for (; m0 + 8 <= a.M; m0 += 8) int8_tile_rows<8>(a, t, m0);
+    for (; m0 + 8 <= a.M; m0 += 8) int8_tile_rows<8, kGroup32>(a, t, m0);
     switch (a.M - m0) {
-      case 1: int8_tile_rows<1>(a, t, m0); break;
-      case 2: int8_tile_rows<2>(a, t, m0); break;
-      case 3: int8_tile_rows<3>(a, t, m0); break;
-      case 4: int8_tile_rows<4>(a, t, m0); break;
-      case 5: int8_tile_rows<5>(a, t, m0); break;
-      case 6: int8_tile_rows<6>(a, t, m0); break;
-      case 7: int8_tile_rows<7>(a, t, m0); break;
+      case 1: int8_tile_rows<1, kGroup32>(a, t, m0); break;
+      case 2: int8_tile_rows<2, kGroup32>(a, t, m0); break;
+      case 3: int8_tile_rows<3, kGroup32>(a, t, m0); break;
+      case 4: int8_tile_rows<4, kGroup32>(a, t, m0); break;
+      case 5: int8_tile_rows<5, kGroup32>(a, t, m0); break;
+      case 6: int8_tile_rows<6, kGroup32>(a, t, m0); break;
+      case 7: int8_tile_rows<7, kGroup32>(a, t, m0); break;
       default: break;
     }
   }
+}
+
+}  // namespace
+
+void qmatmul_tiles_avx2_int8(const QMatMulArgs& a, int64_t t0, int64_t t1) {
+  (a.group == 32 ? int8_tiles<true> : int8_tiles<false>)(a, t0, t1);
 }
 
 }  // namespace edge
