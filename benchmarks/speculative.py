@@ -42,7 +42,9 @@ CATEGORIES = {
     "open chat": [[("user", "What are some good habits for staying healthy?")],
                   [("user", "Tell me about the history of the bicycle.")]],
     "code": [[("user", "Write a Python function that returns the n-th Fibonacci number.")],
-             [("user", f"Add docstrings to these functions:\n{CODE}")]],
+             # "Add docstrings to these functions:" got "```" and the end of turn from the int4 packages: no tokens to
+             # time. Asked this way, they rewrite the code.
+             [("user", f"Here are two Python functions:\n{CODE}\nRewrite them with a docstring in each.")]],
     "rewrite": [[("user", f"Fix the grammar and spelling in this paragraph:\n{PARAGRAPH}")],
                 [("user", f"Rewrite this paragraph in a formal tone:\n{PASSAGE}")]],
     "summarise/extract": [[("user", f"Summarise this passage in two sentences:\n{PASSAGE}")],

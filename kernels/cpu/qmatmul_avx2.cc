@@ -84,6 +84,9 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
       __m256i s16[R];
       for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
       for (int64_t u = 0; u < flush; ++u, unit += 32) {
+        // A 1-token step streams the weights from memory: asking for them 2 KB ahead made it 5-7% faster in
+        // the whole model (the hardware prefetcher restarts with every op and every tile).
+        _mm_prefetch(reinterpret_cast<const char*>(unit) + 2048, _MM_HINT_T0);
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit));
         const __m256i even = _mm256_and_si256(w, nibbles);  // byte b of a column's word: k = 2b
         const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(w, 4), nibbles);  // k = 2b + 1
