@@ -42,8 +42,9 @@ CATEGORIES = {
     "open chat": [[("user", "What are some good habits for staying healthy?")],
                   [("user", "Tell me about the history of the bicycle.")]],
     "code": [[("user", "Write a Python function that returns the n-th Fibonacci number.")],
-             # "Add docstrings to these functions:" got "```" and the end of turn from the int4 packages: no tokens to
-             # time. Asked this way, they rewrite the code.
+             [("user", f"Add docstrings to these functions:\n{CODE}")],
+             # The int4 packages answer the prompt above with "```" and the end of the turn (nothing to time, see
+             # MIN_TOKENS); asked this way, they rewrite the code.
              [("user", f"Here are two Python functions:\n{CODE}\nRewrite them with a docstring in each.")]],
     "rewrite": [[("user", f"Fix the grammar and spelling in this paragraph:\n{PARAGRAPH}")],
                 [("user", f"Rewrite this paragraph in a formal tone:\n{PASSAGE}")]],
@@ -55,6 +56,11 @@ CATEGORIES = {
                             ("user", "Repeat the poem exactly, but change the title to 'Blue'.")]],
 }
 
+
+# A prompt whose plain answer is shorter than this is not timed for that target (a one-token answer's tok/s is the
+# call overhead, whatever the drafter): the table lists it instead.
+MIN_TOKENS = 16
+SHORT: list = []  # (target, category, prompt index, tokens of the plain answer)
 
 CURVES: dict = {}
 SELF_DRAFTS: dict = {}
@@ -236,9 +242,14 @@ def bench_target(target, packages, args, rows, ties):
     CURVES[target] = curve
     print(f"{target}: cost of a k-token step relative to 1 token: {curve.relative()}", file=sys.stderr)
     for category in args.categories:
-        for turns in CATEGORIES[category]:
+        for index, turns in enumerate(CATEGORIES[category]):
             engine.speculator = None
             messages = messages_for(engine, turns, args.tokens)
+            answer = run_once(engine, messages, args.tokens)["n"]
+            if answer < MIN_TOKENS:
+                SHORT.append((target, category, index, answer))
+                print(f"{target} {category} prompt {index}: a {answer}-token answer, not timed", file=sys.stderr)
+                continue
             results = {name: [] for name in ["plain", *speculators]}
             for rep in range(args.reps):
                 order = ["plain", *speculators]
@@ -306,6 +317,9 @@ def table(rows, ties, args) -> str:
                      f"{ratio:.2f} | {model:.2f} | {statistics.mean(acc) if acc else 0:.2f} | "
                      f"{statistics.mean(r['per_call'] for r in rs):.2f} | "
                      f"{sum(r['same'] for r in rs)}/{len(rs)} |")
+    for target, category, index, n in SHORT:
+        lines.append(f"\nNot timed: {target} answered {category} prompt {index + 1} of "
+                     f"{len(CATEGORIES[category])} in {n} token(s) (fewer than {MIN_TOKENS}).")
     lines += ["", "Prompt lookup's ceiling: the speed-up a lookup drafter would reach copying, at every step, from the "
               "earlier occurrence that matches the plain output longest and drafting exactly the tokens that pass "
               "(geometric mean over the prompts; from each plain output and the target's cost curve):", "",

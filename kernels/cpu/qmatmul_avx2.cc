@@ -63,8 +63,8 @@ __m256 gate_activation_avx2(int gated, __m256 x) {
 // vpmaddwd. The integer sum of a flush is the same number the VNNI kernels (qmatmul_vnni.h, digits = 1) form, and
 // the float steps after it are theirs, so the results equal theirs bit for bit, and row m depends only on row m.
 // kGroup32: groups of 32 k are one flush each, so a group's sum needs no float accumulator of its own (0 + x is x:
-// the same results with R fewer live registers, which spilled at 8 rows). Measured on a Zen 3 core (576x3072):
-// 8-12% faster at 2-8 rows; one row gains as much again from a fixed, fully unrolled flush, which more rows lose.
+// the same results with R fewer live registers, which spilled at 8 rows). Measured on one Zen 3 core (SmolLM2's
+// shapes): 3-9% faster at 2-8 rows; one row gains ~15% from a fixed, fully unrolled flush, which more rows lose.
 template <int R, bool kGroup32>
 void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
   const int64_t units_per_group = kGroup32 && R == 1 ? vnni::kFlushUnits : a.group / 8;
