@@ -1,7 +1,8 @@
-// The AVX2/FMA edge.Attention kernel: dot products and the weighted sum of values vectorised over the head
-// dimension, exponentials 8 keys at a time. Sums over keys stay sequential in key order (a vector of partial sums
-// would put a key in another lane once a tree's rejected nodes are compacted out of the cache). Built with -mavx2
-// -mfma; called only when the CPU has both (select_attend_fn).
+// The AVX2/FMA edge.Attention kernel: one task attends up to 3 heads of one kv group for one row (attention.h).
+// Dot products run 4 keys at a time for all the task's heads, the weighted sum of values over blocks of keys that
+// stay in L1 while each head takes its turn, exponentials 8 keys at a time. Sums over keys stay sequential in key
+// order (a vector of partial sums would put a key in another lane once a tree's rejected nodes are compacted out of
+// the cache). Built with -mavx2 -mfma; called only when the CPU has both (select_attend_fn).
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
