@@ -75,6 +75,12 @@ inline int64_t heads_per_task(const AttentionArgs& a) {
   return (group + blocks - 1) / blocks;
 }
 
+// Tasks per row and kv head (the last may hold fewer heads).
+inline int64_t task_blocks(const AttentionArgs& a) {
+  const int64_t group = a.H / a.KV, heads = heads_per_task(a);
+  return (group + heads - 1) / heads;
+}
+
 // Heads h0 .. h0+count-1 (one kv group) of row s; `scratch` holds count * (P + S) floats (their scores).
 using AttendFn = void (*)(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch);
 void attend_portable(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch);

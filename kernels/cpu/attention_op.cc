@@ -218,7 +218,7 @@ struct Job {
 void run_chunk(void* user, size_t index) {
   const auto* job = static_cast<const Job*>(user);
   const AttentionArgs& a = *job->args;
-  const int64_t heads = heads_per_task(a), group = a.H / a.KV, blocks = group / heads + (group % heads != 0);
+  const int64_t heads = heads_per_task(a), group = a.H / a.KV, blocks = task_blocks(a);
   thread_local std::vector<float> scores;
   scores.resize(static_cast<size_t>(heads * (a.P + a.S)));
   const int64_t i = static_cast<int64_t>(index);
@@ -234,8 +234,7 @@ OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   if (OrtStatus* st = prepare_attention(*static_cast<const AttentionKernel*>(kernel), ctx, in, a, true)) return st;
   write_cache(in, a);
   if (a.S == 0) return nullptr;
-  const int64_t heads = heads_per_task(a), group = a.H / a.KV;
-  Job job{&a, select_attend_fn(a.D), a.S * a.KV * ((group + heads - 1) / heads), 1};
+  Job job{&a, select_attend_fn(a.D), a.S * a.KV * task_blocks(a), 1};
   const int64_t work = a.H * a.S * (a.P + a.S) * a.D;  // multiply-adds of the scores
   if (work >= (int64_t{1} << 15)) job.chunks = std::min<int64_t>(job.tasks, 64);
   if (job.chunks == 1) {
