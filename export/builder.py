@@ -325,10 +325,15 @@ class DecoderBuilder:
         if not (self.opt.kernels == "edge" and self.opt.fuse_projections and gated
                 and self.opt.quantizer is not None and gate.shape[0] % 4 == 0):
             return None
-        from edge.kernels.pack import interleave_gated
+        from edge.export.quant.qlinear import concat_rows
+        from edge.kernels.pack import gated_row_order
 
-        q = self.opt.quantizer(f"{p}.gate_up_proj", interleave_gated(gate, up))
-        return None if q is None else self.qmatmul(x, f"{p}.gate_up_proj", q, None, gated=gated)
+        # gate and up quantized as themselves (calibrated methods look layers up by name), then rows interleaved
+        parts = [self.opt.quantizer(f"{p}.{n}_proj", w) for n, w in (("gate", gate), ("up", up))]
+        if None in parts:
+            return None
+        q = concat_rows(parts).take_rows(gated_row_order(gate.shape[0]))
+        return self.qmatmul(x, f"{p}.gate_up_proj", q, None, gated=gated)
 
     def embedding(self) -> tuple[str, Callable[[str], str]]:
         """Token embedding, and a function that applies the output head to hidden rows (tied or not)."""

@@ -142,13 +142,20 @@ def pack_codes(codes: np.ndarray, bits: int, group_size: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([lo_bytes, hi_bytes], axis=2)).reshape(-1)
 
 
+def gated_row_order(n: int) -> np.ndarray:
+    """Rows of the stacked [gate; up] (n rows each) in edge.QMatMul's gated order: 4 gate rows, then the same 4 up
+    rows, and so on, so that each tile of 8 output columns holds 4 complete pairs."""
+    if n % 4:
+        raise EdgeError(f"a gated weight needs gate rows in a multiple of 4, got {n}")
+    rows = np.arange(n).reshape(n // 4, 4)
+    return np.stack([rows, rows + n], axis=1).reshape(-1)
+
+
 def interleave_gated(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """The rows of a fused gate/up weight for edge.QMatMul's gated activations (act(gate) * up): 4 gate rows, then
-    the same 4 up rows, and so on, so that each tile of 8 output columns holds 4 complete pairs."""
-    n, k = gate.shape
-    if up.shape != gate.shape or n % 4:
-        raise EdgeError(f"gate and up must have the same shape with rows a multiple of 4, got {gate.shape}, {up.shape}")
-    return np.stack([gate.reshape(n // 4, 4, k), up.reshape(n // 4, 4, k)], axis=1).reshape(2 * n, k)
+    """The fused gate/up weight for edge.QMatMul's gated activations (act(gate) * up), rows in gated_row_order."""
+    if up.shape != gate.shape:
+        raise EdgeError(f"gate and up must have the same shape, got {gate.shape}, {up.shape}")
+    return np.concatenate([gate, up])[gated_row_order(gate.shape[0])]
 
 
 def make_outliers(n: int, k: int, rows: np.ndarray, cols: np.ndarray, values: np.ndarray) -> Outliers:

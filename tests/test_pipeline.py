@@ -11,8 +11,11 @@ from edge.package import load_package
 from tiny_models import max_rel_error, reference_logits, tiny_llama
 
 
-@pytest.mark.parametrize("method, bits", [("spqr", 3), ("decoupleq", 2)])
-def test_calibrated_package_follows_its_quantized_layers(tmp_path, monkeypatch, method, bits):
+@pytest.mark.parametrize("method, bits, kernels", [("spqr", 3, "stock"), ("decoupleq", 2, "stock"),
+                                                    ("spqr", 3, "edge"), ("decoupleq", 2, "edge")])
+def test_calibrated_package_follows_its_quantized_layers(tmp_path, monkeypatch, method, bits, kernels):
+    """edge kernels: the fused gate/up op pairs rows itself, and an 8-bit head would stay in MatMulNBits' int8
+    activations, so that variant takes a 4-bit embedding and checks every layer at float accuracy."""
     import torch
 
     from edge.export.quant import methods
@@ -27,7 +30,12 @@ def test_calibrated_package_follows_its_quantized_layers(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(methods, "quantize_model", quantize_model)
     model, imported = tiny_llama(seed=1, hidden_size=128, intermediate_size=256)
-    out = pipeline.export_model("tiny", tmp_path / "p", quant=method, bits=bits, model=imported,
+    if kernels == "edge":
+        from kernels_util import ensure_library
+        ensure_library()
+    emb_bits = 8 if method == "spqr" and kernels == "stock" else 4
+    out = pipeline.export_model("tiny", tmp_path / "p", quant=method, bits=bits, model=imported, kernels=kernels,
+                                embedding_bits=emb_bits,
                                 accuracy_level=0)  # fp32 compute: the graph terms themselves are checked exactly
     package = load_package(out)
     q = package.manifest["quantization"]
@@ -39,8 +47,7 @@ def test_calibrated_package_follows_its_quantized_layers(tmp_path, monkeypatch, 
         for name, p in model.named_parameters():
             if name in captured:
                 p.copy_(torch.from_numpy(captured[name].dequantize()))
-            elif name == "model.embed_tokens.weight":  # tied: embedding and head are RTN (SpQR: 8-bit)
-                emb_bits = 8 if method == "spqr" else 4
+            elif name == "model.embed_tokens.weight":  # tied: embedding and head are RTN
                 assert q["embedding"].startswith(f"rtn int{emb_bits}")
                 p.copy_(torch.from_numpy(quantize_rtn(p.detach().numpy(), emb_bits, 32,
                                                       lattice=emb_bits == 8).dequantize()))

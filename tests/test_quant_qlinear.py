@@ -120,3 +120,22 @@ def test_concat_rows_dequantizes_to_the_stacked_weights():
                                    outliers=SparseOutliers.from_dense(mask, rng.normal(size=(4, 64))))
     stacked = concat_rows(parts)
     np.testing.assert_array_equal(stacked.dequantize(), np.concatenate([p.dequantize() for p in parts]))
+
+
+def test_take_rows_moves_every_term_with_its_row():
+    """Codes, statistics, offsets and outliers follow the permutation (edge.QMatMul's gated order needs it)."""
+    from edge.export.quant.outliers import SparseOutliers
+    from edge.export.quant.rtn import quantize_rtn
+    from edge.kernels.pack import gated_row_order
+
+    rng = np.random.default_rng(1)
+    q = quantize_rtn(rng.normal(size=(16, 64)).astype(np.float32), 4, 32)
+    mask = rng.random((16, 64)) < 0.1
+    q = dataclasses.replace(q, offsets=rng.normal(0, 0.01, q.scales.shape).astype(np.float32),
+                            outliers=SparseOutliers.from_dense(mask, rng.normal(size=(16, 64))))
+    order = gated_row_order(8)
+    moved = q.take_rows(order)
+    np.testing.assert_array_equal(moved.dequantize(), q.dequantize()[order])
+    assert moved.outliers.nnz == q.outliers.nnz
+    with pytest.raises(QuantizationError, match="permutation"):
+        q.take_rows(np.zeros(16, dtype=np.int64))

@@ -44,6 +44,15 @@ class SparseOutliers:
         """Row index of every stored value (COO form, which ScatterElements/GatherND-style graphs want)."""
         return np.repeat(np.arange(self.shape[0], dtype=np.int32), np.diff(self.row_ptr))
 
+    def take_rows(self, order: np.ndarray) -> "SparseOutliers":
+        """The same outliers with row order[i] moved to row i (order a permutation of the rows)."""
+        new_row = np.empty(len(order), dtype=np.int64)
+        new_row[np.asarray(order)] = np.arange(len(order))
+        rows = new_row[self.rows()]
+        idx = np.lexsort((self.col, rows))
+        row_ptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=self.shape[0]))]).astype(np.int32)
+        return SparseOutliers(row_ptr, self.col[idx], self.values[idx], self.shape)
+
     def to_dense(self) -> np.ndarray:
         dense = np.zeros(self.shape, dtype=np.float32)
         dense[self.rows(), self.col] = self.values.astype(np.float32)

@@ -95,6 +95,18 @@ class QuantizedLinear:
             w = w + self.outliers.to_dense()
         return w
 
+    def take_rows(self, order: np.ndarray) -> "QuantizedLinear":
+        """The layer with its output rows in `order` (a permutation): kernels that pair rows (edge.QMatMul's gated
+        MLP) want them in their own order. The compact second-level form is row-grouped and is dropped."""
+        order = np.asarray(order, dtype=np.int64)
+        if sorted(order.tolist()) != list(range(self.codes.shape[0])):
+            raise QuantizationError("take_rows needs a permutation of the layer's rows")
+        outliers = None if self.outliers is None else self.outliers.take_rows(order)
+        return QuantizedLinear(codes=self.codes[order], scales=self.scales[order], zeros=self.zeros[order],
+                               bits=self.bits, block_size=self.block_size,
+                               offsets=None if self.offsets is None else self.offsets[order],
+                               outliers=outliers, method=self.method)
+
     def reference_matmul(self, x: np.ndarray) -> np.ndarray:
         """y = x W^T term by term as the stock-op graph computes it: low-bit matmul + group offsets + sparse outliers."""
         x = np.asarray(x, dtype=np.float32)
