@@ -70,14 +70,15 @@ CEILINGS: dict = {}  # (target, category) -> prompt lookup's ceiling per prompt 
 
 def skip_package(quant: str, threads: int):
     """The default package with a skip-layer self-draft, made once next to it (hard links, no second weights file)."""
-    from edge.default_model import cache_dir, default_gguf, default_package
+    from edge.default_model import default_gguf, default_package
     from edge.export.load import load_model
     from edge.export.self_draft import add_skip_draft, linked_copy
     from edge.package import load_package
 
-    dest = cache_dir() / "models" / f"smollm2-135m-instruct-{quant}-skip"
+    source = default_package(quant)
+    dest = source.with_name(f"{source.name}-skip")
     if not (dest / "manifest.json").exists():
-        linked_copy(default_package(quant), dest)
+        linked_copy(source, dest)
     package = load_package(dest, verify=False)
     if package.self_draft is None:
         print(f"{quant}: choosing the self-draft's layers (once)", file=sys.stderr)
@@ -94,14 +95,14 @@ EDGE_KERNEL_TARGETS = {"int4-edge": 4, "int4-edge-acc0": 0}  # target name -> ed
 def edge_kernel_package(level: int):
     """The default model's int4 export on edge's kernels: the default package (int8 activations), or float
     activations (made once in the edge cache)."""
-    from edge.default_model import cache_dir, default_gguf, default_package
+    from edge.default_model import EXPORTS, default_gguf, default_package, package_dir
     from edge.export.pipeline import export_model
 
     if level == 4:
         return default_package("int4-edge")
-    dest = cache_dir() / "models" / f"smollm2-135m-instruct-int4-edge-acc{level}"
+    dest = package_dir("int4-edge").with_name(f"{package_dir('int4-edge').name}-acc{level}")
     if not (dest / "manifest.json").exists():
-        export_model(default_gguf(), dest, quant="int4", kernels="edge", accuracy_level=level, overwrite=True)
+        export_model(default_gguf(), dest, **{**EXPORTS["int4-edge"], "accuracy_level": level}, overwrite=True)
     return dest
 
 

@@ -25,7 +25,11 @@ DEFAULT_QUANT = "int4"
 # Named exports of the default model beyond a plain quant: int4 through edge's own kernels (kernels/), int8
 # activations. Against the stock ops: decoding 1.04-1.07x, prefill 1.05-1.18x (paired medians), cheaper verify, 17
 # MiB less, and every row of a multi-token step bitwise a one-token step's, so greedy speculation is exact on it.
-EXPORTS = {"int4-edge": dict(quant="int4", kernels="edge", accuracy_level=4)}
+# Float zero points: the GGUF's Q4_1 linear weights come through bit for bit, stored as its own float16 scale and
+# min per group (5 bits per weight, where integer zero points cost 5.25 and lost 29% perplexity).
+EXPORTS = {"int4-edge": dict(quant="int4", kernels="edge", accuracy_level=4, zeros="float", embedding_bits=4)}
+# Bumped when a named export's options change: its cache folder gets a new name, so an older export is not reused.
+EXPORT_REVISIONS = {"int4-edge": 2}
 
 
 def cache_dir() -> Path:
@@ -97,12 +101,18 @@ def default_quant(device: str = "cpu") -> str:
     return "int4-edge"
 
 
+def package_dir(quant: str) -> Path:
+    """Where the default model exported as `quant` is cached."""
+    revision = EXPORT_REVISIONS.get(quant)
+    return cache_dir() / "models" / f"smollm2-135m-instruct-{quant}{f'-r{revision}' if revision else ''}"
+
+
 def default_package(quant: str = DEFAULT_QUANT) -> Path:
     """Path of the default model exported as `quant` (a quant method or a name in EXPORTS), exporting it once into
     the cache."""
     from edge.export.pipeline import export_model  # export is only needed the first time
 
-    target = cache_dir() / "models" / f"smollm2-135m-instruct-{quant}"
+    target = package_dir(quant)
     if (target / "manifest.json").exists():
         return target
     export_model(default_gguf(), target, **EXPORTS.get(quant, {"quant": quant}), progress=True)

@@ -40,6 +40,20 @@ EDGE_QMATMUL_BITS = (2, 3, 4)  # code widths edge.QMatMul (kernels/) runs
 GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}  # edge.QMatMul's activation attribute for the MLP's gate
 
 
+
+def float16_scale_min(q) -> tuple[np.ndarray, np.ndarray] | None:
+    """q's groups as float16 (scale, min) with W = code * scale + min, when that form gives every weight of q
+    bitwise (in float32) as q's own form does; else None. GGUF Q4_1 stores exactly this, so a Q4_1 source keeps
+    its own numbers in 5 bits per weight, against 6 for float32 scales and float zero points."""
+    s16 = q.scales.astype(np.float16)
+    m16 = (-q.scales * q.zeros.astype(np.float32) + (0 if q.offsets is None else q.offsets)).astype(np.float16)
+    if not (np.isfinite(s16).all() and np.isfinite(m16).all()):
+        return None
+    k = q.codes.shape[1]
+    per_k = np.arange(k) // q.block_size
+    w16 = q.codes.astype(np.float32) * s16.astype(np.float32)[:, per_k] + m16.astype(np.float32)[:, per_k]
+    return (s16, m16) if np.array_equal(w16, q.dense()) else None
+
 class MatMulNBitsWeights(Protocol):
     """What a quantizer returns for one linear layer (see export/quant)."""
 
@@ -194,12 +208,15 @@ class DecoderBuilder:
         from edge.kernels.graph import qmatmul_node, qmatmul_tensors
         from edge.kernels.pack import make_outliers, pack
 
-        zeros = q.zeros if q.offsets is None else q.zeros.astype(np.float32) - q.offsets / q.scales
         outliers = None
         if q.outliers is not None and q.outliers.nnz:
             o = q.outliers
             outliers = make_outliers(o.shape[0], o.shape[1], o.rows(), o.col, o.values)
-        packed = pack(q.codes, q.scales, zeros, bits=q.bits, group_size=q.block_size, outliers=outliers)
+        if (stats := float16_scale_min(q)) is not None:
+            packed = pack(q.codes, stats[0], bits=q.bits, group_size=q.block_size, outliers=outliers, mins=stats[1])
+        else:
+            zeros = q.zeros if q.offsets is None else q.zeros.astype(np.float32) - q.offsets / q.scales
+            packed = pack(q.codes, q.scales, zeros, bits=q.bits, group_size=q.block_size, outliers=outliers)
         for tensor_name, array in qmatmul_tensors(packed, name, bias).items():
             self.weight(tensor_name, array)
         self.g.nodes.append(qmatmul_node(x, f"{name}/y", packed, name, has_bias=bias is not None,

@@ -154,14 +154,16 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
     if build_overrides.get("kernels") == "edge" and "accuracy_level" not in build_overrides:
         build_overrides = {**build_overrides, "accuracy_level": 0}  # edge kernels: exact unless asked
     options = dataclasses.replace(options, **build_overrides)
-    if options.kernels == "edge" and str(quant_info.get("zero_points", "")).startswith("float"):
-        quant_info["zero_points"] = "float32 (edge.QMatMul)"
     cfg = imported.config
     bar = _progress_bar(build_steps(cfg), f"exporting {Path(source).name} ({quant})", progress)
     with atomic_package_dir(Path(out_dir), overwrite=overwrite) as tmp:
         build_decoder(cfg, imported.tensors, tmp, options, progress=bar.update)
         if quant == "int4" and hasattr(options.quantizer, "tally"):
             quant_info.update(options.quantizer.tally.record())
+        if options.kernels == "edge" and "runtime_bits_per_weight" in quant_info:
+            quant_info["runtime_bits_per_weight"], mins = qmatmul_runtime_bits(tmp / "model.onnx")
+            if str(quant_info.get("zero_points", "")).startswith("float"):
+                quant_info["zero_points"] = "float16 scale and min (edge.QMatMul)" if mins else "float32 (edge.QMatMul)"
         (tmp / "tokenizer.json").write_text(imported.tokenizer_json, encoding="utf-8")
         write_manifest(tmp, {
             "name": imported.source.get("name") or Path(source).stem,
@@ -177,6 +179,28 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
         })
     bar.close()
     return Path(out_dir)
+
+
+def qmatmul_runtime_bits(graph: Path) -> tuple[float, bool]:
+    """Bits per weight the decoder's edge.QMatMul layers hold at run time (codes, statistics, outliers; not the
+    output head, as the other methods' counts), from the graph itself: the form differs from the stock one. And
+    whether any layer stores (scale, min) pairs rather than zero points."""
+    model = onnx.load(str(graph), load_external_data=False)
+    sizes = {i.name: i for i in model.graph.initializer}
+    bits = weights = 0
+    mins = False
+    for node in model.graph.node:
+        if node.op_type != "QMatMul" or node.name.startswith("lm_head"):
+            continue
+        attrs = {a.name: a.i for a in node.attribute}
+        weights += attrs["K"] * attrs["N"]
+        mins = mins or (len(node.input) > 8 and node.input[8] != "")
+        for name in node.input[1:]:
+            if name in sizes and not name.endswith(".bias"):
+                t = sizes[name]
+                count = int(np.prod(t.dims)) if t.dims else 1
+                bits += count * 8 * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return (round(bits / weights, 4) if weights else 0.0), mins
 
 
 def has_fused_mlp(graph: Path) -> bool:

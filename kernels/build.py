@@ -27,9 +27,9 @@ CUDA_LIBRARY = "libedge_kernels_cuda.so"
 COMMON_FLAGS = ["-O3", "-std=c++17", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off", "-Wall", "-Wextra",
                 "-Wno-unused-parameter"]
 # Only the translation unit named *_<isa>.cc gets that ISA's flags; the library picks one at run time.
-ISA_FLAGS = {"avx2": ["-mavx2", "-mfma"], "avx512": ["-mavx512f", "-mavx2", "-mfma"],
-             "avx512vnni": ["-mavx512f", "-mavx512vnni", "-mavx2", "-mfma"],
-             "avxvnni": ["-mavxvnni", "-mavx2", "-mfma"]}
+ISA_FLAGS = {"avx2": ["-mavx2", "-mfma", "-mf16c"], "avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"],
+             "avx512vnni": ["-mavx512f", "-mavx512vnni", "-mavx2", "-mfma", "-mf16c"],
+             "avxvnni": ["-mavxvnni", "-mavx2", "-mfma", "-mf16c"]}
 # Consumer cards from Turing on; sm_90 also covers the H100/H200 test bench; PTX keeps newer GPUs working.
 CUDA_ARCHS = ["75", "80", "86", "89", "90"]
 

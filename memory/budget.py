@@ -213,14 +213,15 @@ class WeightLayout:
         )
 
 
-def qmatmul_bytes(n_out: int, k_in: int, bits: int = 4, group: int = NBITS_BLOCK) -> int:
-    """Bytes of one edge.QMatMul weight (kernels/pack.py): codes, float32 scales and uint8 zero points per group,
-    columns padded to tiles of 8."""
+def qmatmul_bytes(n_out: int, k_in: int, bits: int = 4, group: int = NBITS_BLOCK, float16_stats: bool = False) -> int:
+    """Bytes of one edge.QMatMul weight (kernels/pack.py): codes, and per group float32 scales and uint8 zero points
+    (float16_stats: a float16 scale and min, the form of a Q4_1 source), columns padded to tiles of 8."""
     n_pad, groups = -(-n_out // 8) * 8, -(-k_in // group)
-    return n_pad * groups * group * bits // 8 + n_pad * groups * (FLOAT32 + 1)
+    return n_pad * groups * group * bits // 8 + n_pad * groups * (4 if float16_stats else FLOAT32 + 1)
 
 
-def estimate_layout(config: ModelConfig, quant: str, kernels: str = "stock", paged: bool = False) -> WeightLayout:
+def estimate_layout(config: ModelConfig, quant: str, kernels: str = "stock", paged: bool = False,
+                    float16_stats: bool = False) -> WeightLayout:
     """Weight bytes the exporter writes for `config` in `quant`, tensor by tensor.
 
     In an integer format the linear layers (fused q/k/v, o, fused gate/up, down, an untied lm_head) are MatMulNBits and
@@ -236,12 +237,14 @@ def estimate_layout(config: ModelConfig, quant: str, kernels: str = "stock", pag
 
     edge = bool(bits) and kernels == "edge"
 
-    def linear_bytes(n_out: int, k_in: int) -> int:
+    def linear_bytes(n_out: int, k_in: int, stats16: bool = False) -> int:
         if not bits:
             return n_out * k_in * FLOAT_BYTES[quant]
-        return qmatmul_bytes(n_out, k_in, bits) if edge else matmul_nbits_bytes(n_out, k_in, bits)
+        return qmatmul_bytes(n_out, k_in, bits, float16_stats=stats16) if edge else matmul_nbits_bytes(n_out, k_in, bits)
 
-    layer_linear = sum(linear_bytes(n, k) for n, k in linears)
+    # float16_stats: the decoder's edge.QMatMul layers hold a float16 scale and min per group (a Q4_1 source; the
+    # head, re-quantized from the embedding table, keeps float32 statistics)
+    layer_linear = sum(linear_bytes(n, k, float16_stats) for n, k in linears)
     norms = (4 if config.architecture == "gemma3" else 2) * h + (2 * config.head_dim if config.qk_norm else 0)
     bias = (q_width + 2 * kv_width) if config.qkv_bias else 0
     # the table is always in the gather's layout (float, or MatMulNBits' for GatherBlockQuantized)
@@ -306,6 +309,7 @@ class ModelSpec:
     paged: bool = False  # a paged package (export/paged.py): layers can stream from disk, the table is memory-mapped
     int8_activations: bool = False  # quantized matmuls round their input to int8 (accuracy_level 4): a step's copy
     fused_mlp: bool = False  # act(gate) * up inside edge.QMatMul (its activation attribute): fewer live buffers
+    float16_stats: bool = False  # edge.QMatMul layers with float16 (scale, min) per group (estimate_layout)
 
     @property
     def edge_attention(self) -> bool:
@@ -358,12 +362,14 @@ class ModelSpec:
         graph = manifest.get("graph") if isinstance(manifest.get("graph"), dict) else {}
         kernels = "edge" if "edge" in graph.get("custom_ops", []) else "stock"
         paged = bool(manifest.get("paging"))
-        layout = estimate_layout(config, quant, kernels, paged)
+        record = manifest.get("quantization")
+        float16_stats = isinstance(record, dict) and str(record.get("zero_points", "")).startswith("float16")
+        layout = estimate_layout(config, quant, kernels, paged, float16_stats)
         layout = _paged_layout(layout, manifest["paging"], weights) if paged else layout.scaled_to(weights)
         return cls(name=name, config=config, quant=quant, layout=layout, kernels=kernels, paged=paged,
                    has_tokenizer=any(file.endswith("tokenizer.json") for file in sizes),
                    int8_activations=_int8_activations(manifest, quant, kernels),
-                   fused_mlp=bool(graph.get("fused_mlp", False)))
+                   fused_mlp=bool(graph.get("fused_mlp", False)), float16_stats=float16_stats)
 
     @classmethod
     def from_package(cls, path: str | Path) -> "ModelSpec":

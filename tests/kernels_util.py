@@ -21,12 +21,19 @@ def ensure_library() -> None:
 
 def make_weight(rng: np.random.Generator, n: int, k: int, bits: int, group: int, zeros: str = "uint8",
                 outliers: int = 0) -> tuple[ek.PackedWeight, np.ndarray]:
-    """Random codes/scales/zeros (and outliers) packed; returns the packed weight and its float64 W."""
+    """Random codes/scales/zeros (and outliers) packed; returns the packed weight and its float64 W.
+
+    zeros: "uint8", "float32" or "none" zero points with float32 scales; "scales16": float16 scales, uint8 zeros;
+    "mins32" / "mins16": W = code * scale + min with float32 / float16 scales and mins."""
     groups = -(-k // group)
     codes = rng.integers(0, 1 << bits, size=(n, k)).astype(np.uint8)
     scales = rng.uniform(0.01, 0.1, size=(n, groups)).astype(np.float32)
-    z = None
-    if zeros == "uint8":
+    z = mins = None
+    if zeros in ("scales16", "mins16"):
+        scales = scales.astype(np.float16)
+    if zeros.startswith("mins"):
+        mins = rng.uniform(-0.8, 0.0, size=(n, groups)).astype(np.float16 if zeros == "mins16" else np.float32)
+    if zeros in ("uint8", "scales16"):
         z = rng.integers(0, 1 << bits, size=(n, groups)).astype(np.uint8)
     elif zeros == "float32":
         z = rng.uniform(0, (1 << bits) - 1, size=(n, groups)).astype(np.float32)
@@ -34,7 +41,7 @@ def make_weight(rng: np.random.Generator, n: int, k: int, bits: int, group: int,
     if outliers:
         o = ek.make_outliers(n, k, rng.integers(0, n, outliers), rng.integers(0, k, outliers),
                              rng.standard_normal(outliers).astype(np.float16))
-    packed = ek.pack(codes, scales, z, bits=bits, group_size=group, outliers=o)
+    packed = ek.pack(codes, scales, z, bits=bits, group_size=group, outliers=o, mins=mins)
     return packed, ek.dequantize(packed, codes)
 
 

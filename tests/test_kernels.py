@@ -18,6 +18,7 @@ from onnx import helper
 import pytest
 
 import edge.kernels as ek
+from edge.errors import EdgeError
 from edge.kernels.graph import qmatmul_model
 from kernels_util import DEVICE, QMatMulRunner, assert_close_to_reference, cuda_available, ensure_library, make_weight
 
@@ -40,7 +41,7 @@ def test_matches_float64_reference(bits: int, group: int, outliers: int) -> None
         assert_close_to_reference(run(x), x, w, bias)
 
 
-@pytest.mark.parametrize("zeros", ["none", "float32"])
+@pytest.mark.parametrize("zeros", ["none", "float32", "scales16", "mins32", "mins16"])
 @pytest.mark.parametrize("bits", [2, 3, 4])
 def test_zero_point_kinds(bits: int, zeros: str) -> None:
     rng = np.random.default_rng(bits)
@@ -49,6 +50,33 @@ def test_zero_point_kinds(bits: int, zeros: str) -> None:
     for m in (1, 5):
         x = rng.standard_normal((m, 96)).astype(np.float32)
         assert_close_to_reference(run(x), x, w, None)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+def test_float16_statistics_are_their_float32_values(bits: int, accuracy_level: int) -> None:
+    """float16 scales and mins are widened exactly: bitwise the op with the same values in float32 (a wrong lane
+    order or conversion in any kernel's float16 load fails this), and mins are W = code * scale + min."""
+    rng = np.random.default_rng(60 + bits)
+    half, w = make_weight(rng, 40, 160, bits, 32, zeros="mins16", outliers=10)
+    full = ek.PackedWeight(**{**half.__dict__, "scales": half.scales.astype(np.float32),
+                              "mins": half.mins.astype(np.float32)})
+    x = rng.standard_normal((9, 160)).astype(np.float32)
+    y = QMatMulRunner(half, accuracy_level=accuracy_level)(x)
+    np.testing.assert_array_equal(y, QMatMulRunner(full, accuracy_level=accuracy_level)(x))
+    if accuracy_level == 0:
+        assert_close_to_reference(y, x, w, None)
+
+
+def test_mins_mean_code_times_scale_plus_min() -> None:
+    """Unit rows of x read W's columns back: W = code * scale + min, exactly (GGUF Q4_1's numbers)."""
+    codes = np.arange(16 * 64).reshape(16, 64) % 16
+    scales = np.full((16, 2), 0.5, np.float16)
+    mins = np.full((16, 2), -3.0, np.float16)
+    packed = ek.pack(codes, scales, bits=4, group_size=32, mins=mins)
+    np.testing.assert_array_equal(QMatMulRunner(packed)(np.eye(64, dtype=np.float32)), (codes * 0.5 - 3.0).T)
+    with pytest.raises(EdgeError, match="zeros or mins"):
+        ek.pack(codes, scales, np.zeros((16, 2), np.uint8), bits=4, group_size=32, mins=mins)
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4])
@@ -91,7 +119,7 @@ def int8_activations(x: np.ndarray, group: int) -> np.ndarray:
 
 @cpu_only
 @pytest.mark.parametrize("group", [32, 64, 128])
-@pytest.mark.parametrize("zeros", ["uint8", "float32"])
+@pytest.mark.parametrize("zeros", ["uint8", "float32", "mins16"])
 def test_int8_activations_are_exact_on_rounded_x_and_batch_invariant(group: int, zeros: str) -> None:
     """accuracy_level 4: x rounded to int8 per row and group. Within 2% of the float x's result, bitwise
     batch-invariant, and, on the integer kernels, within 1e-5 of the float64 product with x so rounded: the integer
@@ -235,6 +263,11 @@ for bits in (2, 3, 4):
         assert_close_to_reference(y, x, w, bias, rtol=2e-2)
         np.testing.assert_array_equal(np.concatenate([fast(x[i:i + 1]) for i in range(9)]), y)
         out["4-int8"] = y.tobytes().hex()
+    packed, w = make_weight(rng, 45, 200, bits, 32, zeros="mins16")
+    for level in (0, 4):
+        y = QMatMulRunner(packed, bias, accuracy_level=level)(x)
+        assert_close_to_reference(y, x, w, bias, rtol=1e-5 if level == 0 else 2e-2)
+        out[f"{bits}-mins16-{level}"] = y.tobytes().hex()
 print(json.dumps(out))
 """
 
@@ -264,6 +297,10 @@ def test_portable_and_vector_paths_are_each_exact_and_batch_invariant() -> None:
     assert runs["avxvnni"]["4"] == runs["avx512vnni"]["4"] == runs[None]["4"]
     assert runs["avxvnni"]["4-int8"] == runs["avx512vnni"]["4-int8"] == runs[None]["4-int8"] == runs["avx2"]["4-int8"]
     assert runs[None]["2"] == runs["avx2"]["2"] and runs[None]["3"] == runs["avx2"]["3"]
+    for key in ("2-mins16-0", "3-mins16-0"):  # float16 statistics: the same agreements
+        assert runs["avx512"][key] == runs["avx2"][key] == runs[None][key]
+    assert runs["avxvnni"]["4-mins16-0"] == runs["avx512vnni"]["4-mins16-0"] == runs[None]["4-mins16-0"]
+    assert runs["avxvnni"]["4-mins16-4"] == runs["avx512vnni"]["4-mins16-4"] == runs["avx2"]["4-mins16-4"]
 
 
 @pytest.mark.parametrize("bad", [np.inf, np.nan])

@@ -57,15 +57,17 @@ def test_calibrated_package_follows_its_quantized_layers(tmp_path, monkeypatch, 
 
 
 def snap_to_gguf_grids(model, imported, embedding_bits: int = 8) -> None:
-    """Put every linear weight on a Q4_1 grid and the embedding on a Q8_0 grid (Q4_0-like for embedding_bits=4; per
-    row, blocks of 32), in both the transformers model and the ImportedModel, as a GGUF source's weights are."""
+    """Put every linear weight on a Q4_1 grid (float16 scale and min, as the format stores them) and the embedding
+    on a Q8_0 grid (Q4_0-like for embedding_bits=4; per row, blocks of 32), in both the transformers model and the
+    ImportedModel, as a GGUF source's weights are."""
     import torch
 
     def q4_1(w):
         n, k = w.shape
         b = w.reshape(n, k // 32, 32)
         lo, hi = b.min(-1, keepdims=True), b.max(-1, keepdims=True)
-        return (lo + (hi - lo) / 15 * np.round((b - lo) / ((hi - lo) / 15))).reshape(n, k).astype(np.float32)
+        d, m = ((hi - lo) / 15).astype(np.float16).astype(np.float32), lo.astype(np.float16).astype(np.float32)
+        return (np.clip(np.round((b - m) / d), 0, 15).astype(np.float32) * d + m).reshape(n, k)
 
     def q8_0(w):
         n, k = w.shape
@@ -107,6 +109,9 @@ def test_int4_float_zeros_is_lossless_on_a_gguf_grid_source(tmp_path, kernels):
         assert q["storage_bits_per_weight"] == pytest.approx(4 + 20 / 32 + (16 / 32 if zeros == "float" else 0))
         logits = Decoder(package, context_length=32, threads=1).step(ids, logits_rows=list(range(len(ids))))
         errors[zeros] = max_rel_error(logits, ref)
+        if kernels == "edge" and zeros == "float":  # Q4_1's own numbers: codes + float16 scale and min per 32
+            assert q["zero_points"] == "float16 scale and min (edge.QMatMul)"
+            assert q["runtime_bits_per_weight"] == pytest.approx(5.0)
     assert errors["float"] < 1e-4  # the 4-bit package is the source model
     assert errors["integer"] > 100 * errors["float"]
 

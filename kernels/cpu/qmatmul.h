@@ -28,9 +28,15 @@ struct QMatMulArgs {
   int64_t tiles = 0;   // ceil(N / 8)
   int64_t tile_bytes = 0;
   const uint8_t* codes = nullptr;
-  const float* scales = nullptr;       // (tiles, G, 8)
-  const uint8_t* zeros_u8 = nullptr;   // (tiles, G, 8), or
-  const float* zeros_f32 = nullptr;    // (tiles, G, 8), or neither: 2^(bits-1)
+  // Statistics, each (tiles, G, 8): scales float32 or float16 (scales_f16), and at most one of zero points
+  // (W = (code - zero) * scale; uint8 or float32) or mins (W = code * scale + min, GGUF Q4_1's form; float32 or
+  // float16); neither: zero 2^(bits-1). See qmatmul_stats.h.
+  const float* scales = nullptr;
+  const uint16_t* scales_f16 = nullptr;
+  const uint8_t* zeros_u8 = nullptr;
+  const float* zeros_f32 = nullptr;
+  const float* mins_f32 = nullptr;
+  const uint16_t* mins_f16 = nullptr;
   const float* bias = nullptr;         // (N,)
   const uint16_t* outlier_values = nullptr;  // float16 (nnz,)
   const int32_t* outlier_cols = nullptr;     // (nnz,)

@@ -29,6 +29,9 @@ struct Avx2 {
   static F load_u8(const uint8_t* p, int64_t) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
+  static F load_f16(const uint16_t* p, int64_t) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static void store(float* out, F v) { _mm256_store_ps(out, v); }
   static F zero() { return _mm256_setzero_ps(); }
   static F set1(float v) { return _mm256_set1_ps(v); }
@@ -104,8 +107,8 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
       }
     }
     const int64_t at = (t * a.G + g) * 8;
-    const __m256 s = Avx2::load(a.scales + at, 0);
-    const __m256 sz = _mm256_mul_ps(s, vnni::zeros<Avx2>(a, at, 0));
+    const __m256 s = group_scale<Avx2>(a, at, 0);
+    const __m256 sz = group_sz<Avx2>(a, at, 0, s);
     for (int r = 0; r < R; ++r) {
       const int64_t mg = (m0 + r) * a.G + g;
       acc[r] = _mm256_fmadd_ps(accg[r], _mm256_mul_ps(s, _mm256_set1_ps(a.xpow[mg])), acc[r]);

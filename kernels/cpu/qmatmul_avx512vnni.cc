@@ -85,6 +85,11 @@ struct Avx512Vnni {
     const __m128i hi = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + stride));
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(lo, hi)));
   }
+  static F load_f16(const uint16_t* p, int64_t stride) {
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + stride));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+  }
   static void store(float* out, F v) { _mm512_store_ps(out, v); }
   static F zero() { return _mm512_setzero_ps(); }
   static F set1(float v) { return _mm512_set1_ps(v); }

@@ -18,6 +18,9 @@ struct AvxVnni {
   static F load_u8(const uint8_t* p, int64_t) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
+  static F load_f16(const uint16_t* p, int64_t) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   static void store(float* out, F v) { _mm256_store_ps(out, v); }
   static F zero() { return _mm256_setzero_ps(); }
   static F set1(float v) { return _mm256_set1_ps(v); }

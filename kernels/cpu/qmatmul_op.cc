@@ -6,7 +6,7 @@ namespace edge {
 namespace {
 
 const char* kInputNames[] = {"X", "codes", "scales", "zeros", "bias", "outlier_values", "outlier_cols",
-                             "outlier_row_ptr"};
+                             "outlier_row_ptr", "mins"};
 
 std::string type_error(size_t index, int got, const char* want) {
   return std::string("input '") + kInputNames[index] + "' has element type " + std::to_string(got) + ", expected " +
@@ -24,7 +24,7 @@ std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) 
   if (x.dims.empty() || x.dims.back() != k.K)
     return "input 'X' must have last dimension K=" + std::to_string(k.K);
   if (in[1].type != kOrtUint8) return type_error(1, in[1].type, "uint8");
-  if (in[2].type != kOrtFloat) return type_error(2, in[2].type, "float32");
+  if (in[2].type != kOrtFloat && in[2].type != kOrtFloat16) return type_error(2, in[2].type, "float32 or float16");
   const std::string layout = "N=" + std::to_string(k.N) + ", K=" + std::to_string(k.K) + ", bits=" +
                              std::to_string(k.bits) + ", group_size=" + std::to_string(k.group);
   if (in[1].count != a.tiles * a.tile_bytes) return size_error(1, in[1].count, a.tiles * a.tile_bytes, layout);
@@ -33,6 +33,11 @@ std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) 
   if (in[3].value != nullptr) {
     if (in[3].type != kOrtUint8 && in[3].type != kOrtFloat) return type_error(3, in[3].type, "uint8 or float32");
     if (in[3].count != per_group) return size_error(3, in[3].count, per_group, layout);
+  }
+  if (in[8].value != nullptr) {
+    if (in[3].value != nullptr) return "give zeros or mins, not both (W = (code - zero) * scale or code * scale + min)";
+    if (in[8].type != kOrtFloat && in[8].type != kOrtFloat16) return type_error(8, in[8].type, "float32 or float16");
+    if (in[8].count != per_group) return size_error(8, in[8].count, per_group, layout);
   }
   if (in[4].value != nullptr) {
     if (in[4].type != kOrtFloat) return type_error(4, in[4].type, "float32");
@@ -55,8 +60,8 @@ std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) 
 OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTensors* out) {
   size_t count = 0;
   if (OrtStatus* st = g_ort.KernelContext_GetInputCount(ctx, &count)) return st;
-  TensorView in[8];
-  for (size_t i = 0; i < 8; ++i)
+  TensorView in[kQMatMulInputs];
+  for (size_t i = 0; i < kQMatMulInputs; ++i)
     if (OrtStatus* st = view_input(ctx, i, count, &in[i])) return st;
   if (in[0].value == nullptr || in[1].value == nullptr || in[2].value == nullptr)
     return make_status(kOrtInvalidArgument, "edge.QMatMul: inputs X, codes and scales are required");
@@ -75,7 +80,12 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
   else a.x = static_cast<const float*>(in[0].data);
   a.ldx = k.K;
   a.codes = static_cast<const uint8_t*>(in[1].data);
-  a.scales = static_cast<const float*>(in[2].data);
+  if (in[2].type == kOrtFloat16) a.scales_f16 = static_cast<const uint16_t*>(in[2].data);
+  else a.scales = static_cast<const float*>(in[2].data);
+  if (in[8].value != nullptr) {
+    if (in[8].type == kOrtFloat16) a.mins_f16 = static_cast<const uint16_t*>(in[8].data);
+    else a.mins_f32 = static_cast<const float*>(in[8].data);
+  }
   if (in[3].value != nullptr) {
     if (in[3].type == kOrtUint8) a.zeros_u8 = static_cast<const uint8_t*>(in[3].data);
     else a.zeros_f32 = static_cast<const float*>(in[3].data);

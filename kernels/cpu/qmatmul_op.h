@@ -10,6 +10,8 @@
 
 namespace edge {
 
+constexpr size_t kQMatMulInputs = 9;  // X, codes, scales, zeros, bias, 3 outlier arrays, mins
+
 struct QMatMulKernel {
   int64_t K = 0, N = 0, group = 0;
   int bits = 0;

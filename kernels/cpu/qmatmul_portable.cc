@@ -127,11 +127,15 @@ inline void decode8(int bits, const uint8_t* unit, int i, float* q) {
 
 inline void group_offsets(const QMatMulArgs& a, int64_t t, int64_t g, float* s, float* sz) {
   const int64_t at = (t * a.G + g) * 8;
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < 8; ++j) {  // as qmatmul_stats.h
+    s[j] = a.scales_f16 != nullptr ? half_to_float(a.scales_f16[at + j]) : a.scales[at + j];
+    if (a.mins_f16 != nullptr || a.mins_f32 != nullptr) {
+      sz[j] = -1.0f * (a.mins_f16 != nullptr ? half_to_float(a.mins_f16[at + j]) : a.mins_f32[at + j]);
+      continue;
+    }
     float z = static_cast<float>(1 << (a.bits - 1));
     if (a.zeros_u8 != nullptr) z = static_cast<float>(a.zeros_u8[at + j]);
     if (a.zeros_f32 != nullptr) z = a.zeros_f32[at + j];
-    s[j] = a.scales[at + j];
     sz[j] = s[j] * z;
   }
 }
@@ -268,7 +272,8 @@ enum class Isa { kPortable, kAvx2, kAvxVnni, kAvx512, kAvx512Vnni };
 bool supports(Isa isa) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");  // float16 statistics
   switch (isa) {
     case Isa::kPortable: return true;
     case Isa::kAvx2: return avx2;

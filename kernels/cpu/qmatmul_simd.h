@@ -12,6 +12,7 @@
 #pragma once
 
 #include "qmatmul.h"
+#include "qmatmul_stats.h"
 
 namespace edge {
 namespace simd {
@@ -73,13 +74,6 @@ inline void unit_steps(const D& dec, const float* const* xr, int64_t k, typename
   (step<D, V, R, I>(dec, xr, k, accg), ...);
 }
 
-template <class V>
-inline typename V::F group_zeros(const QMatMulArgs& a, int64_t at, int64_t stride) {
-  if (a.zeros_u8 != nullptr) return V::load_u8(a.zeros_u8 + at, stride);
-  if (a.zeros_f32 != nullptr) return V::load(a.zeros_f32 + at, stride);
-  return V::set1(static_cast<float>(1 << (a.bits - 1)));
-}
-
 // Rows [m0, m0 + R) of T neighbouring tile vectors, tiles [t, t + T * V::kTiles). With few rows a single tile would
 // leave one FMA chain per row, each FMA waiting on the one before (4-5 cycles): T vectors give the core T
 // independent chains at the same per-lane arithmetic, so every output keeps its bits whatever T is.
@@ -108,8 +102,8 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
       }
     for (int j = 0; j < T; ++j) {
       const int64_t at = ((t + j * V::kTiles) * a.G + g) * 8;
-      const F s = V::load(a.scales + at, group_stride);
-      const F sz = V::mul(s, group_zeros<V>(a, at, group_stride));
+      const F s = group_scale<V>(a, at, group_stride);
+      const F sz = group_sz<V>(a, at, group_stride, s);
       for (int r = 0; r < R; ++r) {
         acc[j][r] = V::fmadd(accg[j][r], s, acc[j][r]);
         acc[j][r] = V::fnmadd(sz, V::set1(a.xsum[(m0 + r) * a.G + g]), acc[j][r]);

@@ -16,18 +16,12 @@
 #pragma once
 
 #include "qmatmul.h"
+#include "qmatmul_stats.h"
 
 namespace edge {
 namespace vnni {
 
 constexpr int kFlushUnits = 4;  // 4 units of 8 k = 32 k per exact integer block
-
-template <class V>
-inline typename V::F zeros(const QMatMulArgs& a, int64_t at, int64_t stride) {
-  if (a.zeros_u8 != nullptr) return V::load_u8(a.zeros_u8 + at, stride);
-  if (a.zeros_f32 != nullptr) return V::load(a.zeros_f32 + at, stride);
-  return V::set1(8.0f);
-}
 
 // Rows [m0, m0 + R) of tiles t and t + 1, or of tile t alone (pair = false: both halves read tile t). D digits per
 // x value: 3 (23-bit x, the default) or 1 (int8 x, accuracy_level 4: a third of the vpdpbusd).
@@ -79,8 +73,8 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
       }
     }
     const int64_t at = (t * a.G + g) * 8;
-    const F s = V::load(a.scales + at, group_stride);
-    const F sz = V::mul(s, zeros<V>(a, at, group_stride));
+    const F s = group_scale<V>(a, at, group_stride);
+    const F sz = group_sz<V>(a, at, group_stride, s);
     for (int r = 0; r < R; ++r) {
       const int64_t mg = (m0 + r) * a.G + g;
       acc[r] = V::fmadd(accg[r], V::mul(s, V::set1(a.xpow[mg])), acc[r]);

@@ -7,10 +7,11 @@
 // rows and their 4 up rows):
 //   0 X        float32 or float16 (..., K); Y has X's type (two registrations, onnxruntime picks by type)
 //   1 codes    uint8, the packed codes (any shape; only the byte count is checked)
-//   2 scales   float32, (ceil(N/8), Kp/group, 8)
-//   3 zeros    optional, uint8 or float32, same shape as scales (absent: 2^(bits-1))
+//   2 scales   float32 or float16, (ceil(N/8), Kp/group, 8)
+//   3 zeros    optional, uint8 or float32, same shape as scales: W = (code - zero) * scale (absent: 2^(bits-1))
 //   4 bias     optional, float32 (N,)
 //   5-7        optional CSR outliers added to W: values float16 (nnz,), columns int32 (nnz,), row_ptr int32 (N+1,)
+//   8 mins     optional, float32 or float16, same shape as scales, instead of zeros: W = code * scale + min
 // Output Y (..., N).
 #include <algorithm>
 #include <cstring>
@@ -26,20 +27,18 @@ namespace edge {
 
 namespace {
 
-constexpr size_t kNumInputs = 8;
-
 int input_type(const OrtCustomOp*, size_t index) {
   switch (index) {
-    case 0: case 2: case 4: return kOrtFloat;
+    case 0: case 4: return kOrtFloat;
     case 1: return kOrtUint8;
-    case 3: return kOrtUndefined;  // uint8 or float32
+    case 2: case 3: case 8: return kOrtUndefined;  // scales and mins float32 or float16; zeros uint8 or float32
     case 5: return kOrtFloat16;
     default: return kOrtInt32;
   }
 }
 int input_type_f16(const OrtCustomOp* op, size_t index) { return index == 0 ? kOrtFloat16 : input_type(op, index); }
 int output_type_f16(const OrtCustomOp*, size_t) { return kOrtFloat16; }
-size_t input_count(const OrtCustomOp*) { return kNumInputs; }
+size_t input_count(const OrtCustomOp*) { return kQMatMulInputs; }
 size_t output_count(const OrtCustomOp*) { return 1; }
 int input_characteristic(const OrtCustomOp*, size_t index) { return index < 3 ? kOrtRequired : kOrtOptional; }
 const char* op_name(const OrtCustomOp*) { return "QMatMul"; }

@@ -31,8 +31,11 @@ struct DeviceArgs {
   bool vec_x;  // x rows may be read as float4 (K % 4 == 0, 16-byte aligned)
   const uint8_t* codes;
   const float* scales;
+  const uint16_t* scales_f16;  // float16 scales instead (QMatMulArgs)
   const uint8_t* zeros_u8;
   const float* zeros_f32;
+  const float* mins_f32;  // W = code * scale + min instead of zero points
+  const uint16_t* mins_f16;
   const float* bias;
   const uint16_t* outlier_values;
   const int32_t* outlier_cols;
@@ -130,12 +133,16 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
     load_unit<BITS>(tile_codes + u * UB, unit);
     const int64_t k0 = u * UK;
     const int64_t at = (tile * a.G + k0 / a.group) * 8;
-    float s[8], z[8];
+    float s[8], z[8];  // with mins, z holds the min
+    const bool mins = a.mins_f32 != nullptr || a.mins_f16 != nullptr;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      s[j] = __ldg(a.scales + at + j);
-      z[j] = a.zeros_u8 ? static_cast<float>(__ldg(a.zeros_u8 + at + j))
-                        : (a.zeros_f32 ? __ldg(a.zeros_f32 + at + j) : zero_default);
+      s[j] = a.scales_f16 ? half_to_float_dev(__ldg(a.scales_f16 + at + j)) : __ldg(a.scales + at + j);
+      if (mins)
+        z[j] = a.mins_f16 ? half_to_float_dev(__ldg(a.mins_f16 + at + j)) : __ldg(a.mins_f32 + at + j);
+      else
+        z[j] = a.zeros_u8 ? static_cast<float>(__ldg(a.zeros_u8 + at + j))
+                          : (a.zeros_f32 ? __ldg(a.zeros_f32 + at + j) : zero_default);
     }
     // k in steps of 4: x of every row for those k, then each column's 4 weights, each used by every row.
     const bool vec = sizeof(T) == 4 && a.vec_x && k0 + UK <= a.K;
@@ -158,7 +165,8 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-          const float w = (code<BITS>(unit, j, 4 * q + t) - z[j]) * s[j];
+          const float c = code<BITS>(unit, j, 4 * q + t);
+          const float w = mins ? c * s[j] + z[j] : (c - z[j]) * s[j];
 #pragma unroll
           for (int r = 0; r < R; ++r) acc[r * 8 + j] = fmaf(xq[r][t], w, acc[r * 8 + j]);
         }
@@ -236,7 +244,8 @@ std::string launch_qmatmul_cuda(const QMatMulArgs& h, const uint16_t* x16, uint1
   const int64_t units = h.Kp / unit_k(h.bits);
   const int warps = static_cast<int>(units >= 96 ? kMaxWarps : (units + 31) / 32);
   DeviceArgs a{x, h.M, h.K, h.G, h.tiles, h.tile_bytes, h.group, units, static_cast<int>(h.N), h.bits, warps,
-               h.gated, vec_x, h.codes, h.scales, h.zeros_u8, h.zeros_f32, h.bias, h.outlier_values, h.outlier_cols,
+               h.gated, vec_x, h.codes, h.scales, h.scales_f16, h.zeros_u8, h.zeros_f32, h.mins_f32, h.mins_f16,
+               h.bias, h.outlier_values, h.outlier_cols,
                h.outlier_rowptr, half ? static_cast<void*>(y16) : h.y};
   if (h.tiles > 0x7fffffff || h.M / kMaxRows > 65535) return "too many rows or columns for one launch";
   const auto s = static_cast<cudaStream_t>(stream);
