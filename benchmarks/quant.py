@@ -34,6 +34,10 @@ VARIANTS = {
     "spqr 3-bit": dict(quant="spqr", bits=3),
     "spqr 4-bit": dict(quant="spqr", bits=4),
     "spqr 4-bit (group 32 and 8-bit stats)": dict(quant="spqr", bits=4, group_size=32, stat_bits=8),
+    # edge.QMatMul keeps SpQR's second level (a byte per scale and zero point) and its outliers at run time
+    "spqr 3-bit (edge kernels)": dict(quant="spqr", bits=3, kernels="edge", accuracy_level=4),
+    "spqr 4-bit (group 32 and 8-bit stats; edge kernels)": dict(quant="spqr", bits=4, group_size=32, stat_bits=8,
+                                                                 kernels="edge", accuracy_level=4),
     "decoupleq 2-bit": dict(quant="decoupleq", bits=2),
     "decoupleq 3-bit": dict(quant="decoupleq", bits=3),
     "decoupleq 4-bit": dict(quant="decoupleq", bits=4),

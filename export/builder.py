@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,6 +39,29 @@ DATA_ALIGN = 4096  # page-aligned tensors let onnxruntime memory-map the externa
 EDGE_QMATMUL_BITS = (2, 3, 4)  # code widths edge.QMatMul (kernels/) runs
 GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}  # edge.QMatMul's activation attribute for the MLP's gate
 
+
+
+def two_level_stats(q):
+    """SpQR's two-level statistics of q as edge.QMatMul takes them (edge.kernels.pack.TwoLevel), when they give
+    q's scales bit for bit (a group whose 16-bit scale underflowed kept a float one: then None) and rows share
+    them 4 at a time; zero points go along when q's are float ones (else q's uint8 zeros stay)."""
+    from edge.kernels.pack import TwoLevel
+
+    s = q.second_level
+    if s is None or q.block_size % 16 or not 16 <= q.block_size <= 128 or len(q.codes) % 4:
+        return None
+    rows = s.scales.row_of()
+    if not np.array_equal(rows, s.zeros.row_of()) or (rows.reshape(-1, 4) != rows.reshape(-1, 4)[:, :1]).any():
+        return None
+    stats = [np.stack([st.base, st.step], axis=-1).astype(np.float16) for st in (s.scales, s.zeros)]
+    two = TwoLevel(scale_codes=s.scales.codes.astype(np.uint8), scale_stats=stats[0], rows=rows,
+                   zero_codes=s.zeros.codes.astype(np.uint8), zero_stats=stats[1])
+    if not np.array_equal(two.scales(), q.scales):
+        return None
+    if q.offsets is None:  # integer zero points
+        return replace(two, zero_codes=None, zero_stats=None)
+    float_zeros = q.zeros.astype(np.float32) - q.offsets / q.scales
+    return two if np.allclose(two.zeros(), float_zeros, rtol=1e-5, atol=1e-4) else None
 
 
 def float16_scale_min(q) -> tuple[np.ndarray, np.ndarray] | None:
@@ -206,13 +229,16 @@ class DecoderBuilder:
         """edge.QMatMul: one op for any bits, float offsets folded into float zero points, outliers inside (gated:
         the MLP's gated activation too, over rows from interleave_gated)."""
         from edge.kernels.graph import qmatmul_node, qmatmul_tensors
-        from edge.kernels.pack import make_outliers, pack
+        from edge.kernels.pack import make_outliers, pack, pack_two_level
 
         outliers = None
         if q.outliers is not None and q.outliers.nnz:
             o = q.outliers
             outliers = make_outliers(o.shape[0], o.shape[1], o.rows(), o.col, o.values)
-        if (stats := float16_scale_min(q)) is not None:
+        if (two := two_level_stats(q)) is not None:
+            packed = pack_two_level(q.codes, two, None if two.zero_codes is not None else q.zeros, bits=q.bits,
+                                    group_size=q.block_size, outliers=outliers)
+        elif (stats := float16_scale_min(q)) is not None:
             packed = pack(q.codes, stats[0], bits=q.bits, group_size=q.block_size, outliers=outliers, mins=stats[1])
         else:
             zeros = q.zeros if q.offsets is None else q.zeros.astype(np.float32) - q.offsets / q.scales

@@ -6,7 +6,8 @@ weights of an edge.QMatMul node; dequantize()/reference() are its float64 refere
 """
 
 from edge.kernels.library import DOMAIN, OP_TYPE, KernelLibraryError, kernel_isa, library_path, register
-from edge.kernels.pack import Outliers, PackedWeight, dequantize, make_outliers, pack, quantize, reference
+from edge.kernels.pack import (Outliers, PackedWeight, TwoLevel, dequantize, make_outliers, pack, pack_two_level, quantize,
+                               reference)
 
-__all__ = ["DOMAIN", "OP_TYPE", "KernelLibraryError", "Outliers", "PackedWeight", "dequantize", "kernel_isa",
-           "library_path", "make_outliers", "pack", "quantize", "reference", "register"]
+__all__ = ["DOMAIN", "OP_TYPE", "KernelLibraryError", "Outliers", "PackedWeight", "TwoLevel", "dequantize",
+           "kernel_isa", "library_path", "make_outliers", "pack", "pack_two_level", "quantize", "reference", "register"]

@@ -11,7 +11,8 @@ from edge.kernels.pack import PackedWeight
 
 IR_VERSION = 10  # onnxruntime 1.31 rejects the IR 14 that onnx 1.23 writes by default
 OPSET = 21
-INPUT_SUFFIXES = ("codes", "scales", "zeros", "bias", "outlier_values", "outlier_cols", "outlier_row_ptr", "mins")
+INPUT_SUFFIXES = ("codes", "scales", "zeros", "bias", "outlier_values", "outlier_cols", "outlier_row_ptr", "mins",
+                  "scale_stats", "zero_stats", "stat_rows")
 
 
 def qmatmul_node(x: str, y: str, packed: PackedWeight, prefix: str, has_bias: bool = False,

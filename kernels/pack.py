@@ -20,12 +20,17 @@ The layout is designed for the kernel, not for storage compatibility with MatMul
   that way keeps its own numbers), of the group k // group_size, plus the optional CSR outliers (float16 values,
   int32 column indices, int32 row pointer of N+1 entries; duplicates add up). float16 statistics cost a 4-bit
   weight in groups of 32 5 bits instead of 6 in memory and in every 1-token step's reads.
+* SpQR's two levels (``TwoLevel``): scales, and optionally float zero points, as uint8 codes in the same
+  (tiles, groups, 8) layout, each value base + step * code (float32: the product rounded, then the sum) with float16
+  (base, step) per stat row and group, (R, groups, 2); ``stat_rows`` (int32, 2 per tile) names the row of each 4
+  columns. A byte per statistic instead of four, the format SpQR stores.
 
 Group sizes are multiples of 16 from 16 to 128 (a multiple of every unit_k).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +64,31 @@ class Outliers:
 
 
 @dataclass(frozen=True)
+class TwoLevel:
+    """SpQR's second level for W of shape (N, K): first-level statistics as codes on a per-row-group grid.
+
+    The stat row of output column n is ``rows[n]``; the 4 columns of each half tile must share one (edge.QMatMul
+    reads one per 4 columns), which SpQR's row groups of 16 and stacking at multiples of 4 give."""
+
+    scale_codes: np.ndarray  # uint8 (N, groups)
+    scale_stats: np.ndarray  # float16 (R, groups, 2): base, step
+    rows: np.ndarray  # int (N,)
+    zero_codes: np.ndarray | None = None  # uint8 (N, groups): float zero points
+    zero_stats: np.ndarray | None = None  # float16 (R, groups, 2)
+
+    def values(self, codes: np.ndarray, stats: np.ndarray) -> np.ndarray:
+        """float32 (N, groups): base + step * code as the kernels compute it."""
+        base, step = (stats[self.rows, :, i].astype(np.float32) for i in (0, 1))
+        return base + step * codes.astype(np.float32)
+
+    def scales(self) -> np.ndarray:
+        return self.values(self.scale_codes, self.scale_stats)
+
+    def zeros(self) -> np.ndarray | None:
+        return None if self.zero_codes is None else self.values(self.zero_codes, self.zero_stats)
+
+
+@dataclass(frozen=True)
 class PackedWeight:
     """Everything an edge.QMatMul node needs for one weight matrix W of shape (N, K)."""
 
@@ -71,22 +101,28 @@ class PackedWeight:
     zeros: np.ndarray | None  # uint8 or float32 (tiles, groups, 8)
     outliers: Outliers | None = None
     mins: np.ndarray | None = None  # float32 or float16 (tiles, groups, 8), instead of zeros
+    # two levels: scales (and zeros) are uint8 codes; stats float16 (R, groups, 2); stat_rows int32 (2 * tiles)
+    scale_stats: np.ndarray | None = None
+    zero_stats: np.ndarray | None = None
+    stat_rows: np.ndarray | None = None
 
     def attributes(self) -> dict[str, int]:
         """The node attributes."""
         return {"K": self.k, "N": self.n, "bits": self.bits, "group_size": self.group_size}
 
     def inputs(self) -> list[np.ndarray | None]:
-        """Inputs 1..8 of the node (codes, scales, zeros, bias slot left None, outlier values, cols, row_ptr, mins)."""
+        """Inputs 1..11 of the node (codes, scales, zeros, bias slot left None, outlier values, cols, row_ptr, mins,
+        scale_stats, zero_stats, stat_rows)."""
         o = self.outliers
         return [self.codes, self.scales, self.zeros, None,
                 None if o is None else o.values, None if o is None else o.cols, None if o is None else o.rowptr,
-                self.mins]
+                self.mins, self.scale_stats, self.zero_stats, self.stat_rows]
 
     @property
     def nbytes(self) -> int:
         """Bytes at run time (codes, scales, zeros, outliers)."""
-        total = self.codes.nbytes + self.scales.nbytes + sum(0 if a is None else a.nbytes for a in (self.zeros, self.mins))
+        total = self.codes.nbytes + self.scales.nbytes + sum(
+            0 if a is None else a.nbytes for a in (self.zeros, self.mins, self.scale_stats, self.zero_stats, self.stat_rows))
         if self.outliers is not None:
             total += self.outliers.values.nbytes + self.outliers.cols.nbytes + self.outliers.rowptr.nbytes
         return total
@@ -207,6 +243,34 @@ def pack(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None = None,
                         mins=None if mins is None else _tile_groups(mins, n_pad))
 
 
+def pack_two_level(codes: np.ndarray, two: TwoLevel, zeros: np.ndarray | None = None, *, bits: int,
+                   group_size: int, outliers: Outliers | None = None) -> PackedWeight:
+    """Pack W = (codes - zero) * scale with SpQR's two-level statistics: scales (and, with two.zero_codes, float
+    zero points) from `two`; otherwise uint8 or float32 `zeros` as in pack."""
+    scale_codes = np.asarray(two.scale_codes)
+    plain = pack(codes, two.scales(), zeros if two.zero_codes is None else two.zeros(), bits=bits,
+                 group_size=group_size, outliers=outliers)  # checks shapes; its float statistics are replaced
+    n = plain.n
+    rows = np.asarray(two.rows, dtype=np.int64)
+    if scale_codes.dtype != np.uint8 or rows.shape != (n,):
+        raise EdgeError(f"two-level scale codes must be uint8 and rows one per output column ({n})")
+    stats = [np.asarray(s) for s in (two.scale_stats, two.zero_stats) if s is not None]
+    if any(s.dtype != np.float16 or s.ndim != 3 or s.shape[1:] != (scale_codes.shape[1], 2) or s.shape != stats[0].shape
+           for s in stats) or rows.min() < 0 or rows.max() >= stats[0].shape[0]:
+        raise EdgeError("two-level statistics must be float16 (rows, groups, 2), rows indexing them")
+    n_pad = -(-n // TILE) * TILE
+    halves = np.zeros(n_pad // 4, dtype=np.int32)  # padded columns: row 0 (never written)
+    shared = rows[: n - n % 4].reshape(-1, 4)
+    if (shared != shared[:, :1]).any():
+        raise EdgeError("the 4 columns of each half tile must share their stat row (SpQR row groups of 4k)")
+    halves[: -(-n // 4)] = rows[::4]
+    return dataclasses.replace(
+        plain, scales=_tile_groups(scale_codes, n_pad),
+        zeros=plain.zeros if two.zero_codes is None else _tile_groups(np.asarray(two.zero_codes, np.uint8), n_pad),
+        scale_stats=np.ascontiguousarray(stats[0]), zero_stats=None if two.zero_codes is None else stats[1],
+        stat_rows=halves)
+
+
 def quantize(w: np.ndarray, bits: int, group_size: int, float_zeros: bool = False
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Round-to-nearest min-max quantisation of W (N, K) per group: (codes uint8, scales float32, zeros).
@@ -236,10 +300,21 @@ def dequantize(p: PackedWeight, codes: np.ndarray) -> np.ndarray:
     def per_column(a: np.ndarray) -> np.ndarray:
         return a.transpose(0, 2, 1).reshape(-1, groups)[:n].astype(np.float64)[:, np.arange(k) // p.group_size]
 
-    scales = per_column(p.scales)
-    if p.mins is not None:
-        w = codes.astype(np.float64) * scales + per_column(p.mins)
+    if p.scale_stats is not None:  # two levels: statistics from their codes, as TwoLevel.values
+        rows = np.repeat(p.stat_rows, 4)
+        def level(codes8: np.ndarray, stats: np.ndarray) -> np.ndarray:
+            base, step = (stats[rows, :, i].astype(np.float32) for i in (0, 1))
+            return (base + step * codes8.transpose(0, 2, 1).reshape(-1, groups).astype(np.float32))[:n]
+        scales = level(p.scales, p.scale_stats).astype(np.float64)[:, np.arange(k) // p.group_size]
+        if p.zero_stats is not None:
+            zeros = level(p.zeros, p.zero_stats).astype(np.float64)[:, np.arange(k) // p.group_size]
+        else:
+            zeros = np.full_like(scales, float(1 << (p.bits - 1))) if p.zeros is None else per_column(p.zeros)
+        w = (codes.astype(np.float64) - zeros) * scales
+    elif p.mins is not None:
+        w = codes.astype(np.float64) * per_column(p.scales) + per_column(p.mins)
     else:
+        scales = per_column(p.scales)
         zeros = np.full_like(scales, float(1 << (p.bits - 1))) if p.zeros is None else per_column(p.zeros)
         w = (codes.astype(np.float64) - zeros) * scales
     if p.outliers is not None:

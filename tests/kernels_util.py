@@ -24,7 +24,9 @@ def make_weight(rng: np.random.Generator, n: int, k: int, bits: int, group: int,
     """Random codes/scales/zeros (and outliers) packed; returns the packed weight and its float64 W.
 
     zeros: "uint8", "float32" or "none" zero points with float32 scales; "scales16": float16 scales, uint8 zeros;
-    "mins32" / "mins16": W = code * scale + min with float32 / float16 scales and mins."""
+    "mins32" / "mins16": W = code * scale + min with float32 / float16 scales and mins; "two-level": SpQR's
+    second level for scales and float zero points (stat rows of 16 columns); "two-level-scales": for scales, with
+    uint8 zero points."""
     groups = -(-k // group)
     codes = rng.integers(0, 1 << bits, size=(n, k)).astype(np.uint8)
     scales = rng.uniform(0.01, 0.1, size=(n, groups)).astype(np.float32)
@@ -33,7 +35,7 @@ def make_weight(rng: np.random.Generator, n: int, k: int, bits: int, group: int,
         scales = scales.astype(np.float16)
     if zeros.startswith("mins"):
         mins = rng.uniform(-0.8, 0.0, size=(n, groups)).astype(np.float16 if zeros == "mins16" else np.float32)
-    if zeros in ("uint8", "scales16"):
+    if zeros in ("uint8", "scales16", "two-level-scales"):
         z = rng.integers(0, 1 << bits, size=(n, groups)).astype(np.uint8)
     elif zeros == "float32":
         z = rng.uniform(0, (1 << bits) - 1, size=(n, groups)).astype(np.float32)
@@ -41,8 +43,23 @@ def make_weight(rng: np.random.Generator, n: int, k: int, bits: int, group: int,
     if outliers:
         o = ek.make_outliers(n, k, rng.integers(0, n, outliers), rng.integers(0, k, outliers),
                              rng.standard_normal(outliers).astype(np.float16))
-    packed = ek.pack(codes, scales, z, bits=bits, group_size=group, outliers=o, mins=mins)
+    if zeros.startswith("two-level"):
+        packed = ek.pack_two_level(codes, two_level(rng, n, groups, zeros == "two-level", bits), z, bits=bits,
+                                   group_size=group, outliers=o)
+    else:
+        packed = ek.pack(codes, scales, z, bits=bits, group_size=group, outliers=o, mins=mins)
     return packed, ek.dequantize(packed, codes)
+
+
+def two_level(rng: np.random.Generator, n: int, groups: int, with_zeros: bool, bits: int) -> ek.TwoLevel:
+    """Random SpQR second-level statistics: 8-bit codes, float16 (base, step) per 16 columns and group."""
+    r = -(-n // 16)
+    scale_stats = np.stack([rng.uniform(0.01, 0.05, (r, groups)), rng.uniform(1e-4, 3e-4, (r, groups))], -1)
+    zero_stats = np.stack([rng.uniform(0, 2, (r, groups)), rng.uniform(0.001, (2 ** bits - 3) / 255, (r, groups))], -1)
+    return ek.TwoLevel(scale_codes=rng.integers(0, 256, (n, groups)).astype(np.uint8),
+                       scale_stats=scale_stats.astype(np.float16), rows=np.arange(n) // 16,
+                       zero_codes=rng.integers(0, 256, (n, groups)).astype(np.uint8) if with_zeros else None,
+                       zero_stats=zero_stats.astype(np.float16) if with_zeros else None)
 
 
 # EDGE_TEST_DEVICE=cuda: QMatMulRunner defaults to the CUDA EP (test_kernels.py re-runs itself so on a GPU).

@@ -41,7 +41,7 @@ def test_matches_float64_reference(bits: int, group: int, outliers: int) -> None
         assert_close_to_reference(run(x), x, w, bias)
 
 
-@pytest.mark.parametrize("zeros", ["none", "float32", "scales16", "mins32", "mins16"])
+@pytest.mark.parametrize("zeros", ["none", "float32", "scales16", "mins32", "mins16", "two-level", "two-level-scales"])
 @pytest.mark.parametrize("bits", [2, 3, 4])
 def test_zero_point_kinds(bits: int, zeros: str) -> None:
     rng = np.random.default_rng(bits)
@@ -66,6 +66,49 @@ def test_float16_statistics_are_their_float32_values(bits: int, accuracy_level: 
     np.testing.assert_array_equal(y, QMatMulRunner(full, accuracy_level=accuracy_level)(x))
     if accuracy_level == 0:
         assert_close_to_reference(y, x, w, None)
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+def test_two_level_statistics_are_their_expanded_values(bits: int, accuracy_level: int) -> None:
+    """SpQR's second level (a byte per scale and zero point) gives bitwise the op with the expanded float32
+    statistics, for any number of rows, in calls spanning several blocks of expanded tiles (N = 300: 38 tiles),
+    rows still batch-invariant; weights as inputs too."""
+    rng = np.random.default_rng(80 + bits)
+    two, w = make_weight(rng, 300, 128, bits, 16, zeros="two-level", outliers=12)
+    expanded = ek.PackedWeight(**{**two.__dict__, "scale_stats": None, "zero_stats": None, "stat_rows": None,
+                                  "scales": _expand(two, two.scales, two.scale_stats),
+                                  "zeros": _expand(two, two.zeros, two.zero_stats)})
+    bias = rng.standard_normal(300).astype(np.float32)
+    x = rng.standard_normal((17, 128)).astype(np.float32)
+    run = QMatMulRunner(two, bias, accuracy_level=accuracy_level)
+    y = run(x)
+    np.testing.assert_array_equal(y, QMatMulRunner(expanded, bias, accuracy_level=accuracy_level)(x))
+    np.testing.assert_array_equal(np.concatenate([run(x[i : i + 1]) for i in range(17)]), y)
+    np.testing.assert_array_equal(QMatMulRunner(two, bias, weights_as_inputs=True, accuracy_level=accuracy_level)(x), y)
+    if accuracy_level == 0:
+        assert_close_to_reference(y, x, w, bias)
+
+
+def _expand(p: ek.PackedWeight, codes8: np.ndarray, stats: np.ndarray) -> np.ndarray:
+    """Two-level statistics in the (tiles, groups, 8) layout as float32 values (base + step * code)."""
+    rows = np.repeat(p.stat_rows, 4).reshape(-1, 8)  # (tiles, 8)
+    base = stats[rows, :, 0].astype(np.float32).transpose(0, 2, 1)
+    step = stats[rows, :, 1].astype(np.float32).transpose(0, 2, 1)
+    return base + step * codes8.astype(np.float32)
+
+
+@cpu_only
+def test_bad_stat_rows_are_a_clear_error() -> None:
+    rng = np.random.default_rng(5)
+    two, _ = make_weight(rng, 32, 64, 4, 16, zeros="two-level")
+    bad = ek.PackedWeight(**{**two.__dict__, "stat_rows": np.full_like(two.stat_rows, 7)})
+    with pytest.raises(Exception, match=r"stat_rows\[0\] = 7 is outside \[0, 2\)"):
+        QMatMulRunner(bad)(np.ones((1, 64), np.float32))
+    with pytest.raises(EdgeError, match="share their stat row"):
+        ek.pack_two_level(np.zeros((32, 64), np.uint8), ek.TwoLevel(
+            scale_codes=np.zeros((32, 4), np.uint8), scale_stats=np.ones((2, 4, 2), np.float16),
+            rows=np.arange(32) % 2), bits=4, group_size=16)
 
 
 def test_mins_mean_code_times_scale_plus_min() -> None:
@@ -268,6 +311,10 @@ for bits in (2, 3, 4):
         y = QMatMulRunner(packed, bias, accuracy_level=level)(x)
         assert_close_to_reference(y, x, w, bias, rtol=1e-5 if level == 0 else 2e-2)
         out[f"{bits}-mins16-{level}"] = y.tobytes().hex()
+    packed, w = make_weight(rng, 45, 200, bits, 16 if bits != 4 else 32, zeros="two-level")
+    y = QMatMulRunner(packed, bias)(x)
+    assert_close_to_reference(y, x, w, bias)
+    out[f"{bits}-two-level"] = y.tobytes().hex()
 print(json.dumps(out))
 """
 
@@ -301,6 +348,8 @@ def test_portable_and_vector_paths_are_each_exact_and_batch_invariant() -> None:
         assert runs["avx512"][key] == runs["avx2"][key] == runs[None][key]
     assert runs["avxvnni"]["4-mins16-0"] == runs["avx512vnni"]["4-mins16-0"] == runs[None]["4-mins16-0"]
     assert runs["avxvnni"]["4-mins16-4"] == runs["avx512vnni"]["4-mins16-4"] == runs["avx2"]["4-mins16-4"]
+    assert runs["avx512"]["3-two-level"] == runs["avx2"]["3-two-level"] == runs[None]["3-two-level"]
+    assert runs["avxvnni"]["4-two-level"] == runs["avx512vnni"]["4-two-level"] == runs[None]["4-two-level"]
 
 
 @pytest.mark.parametrize("bad", [np.inf, np.nan])

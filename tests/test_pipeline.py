@@ -40,6 +40,12 @@ def test_calibrated_package_follows_its_quantized_layers(tmp_path, monkeypatch, 
     package = load_package(out)
     q = package.manifest["quantization"]
     assert q["method"] == method and q["bits"] == bits and q["calibration"]["split"] == "calibration"
+    if kernels == "edge" and method == "spqr":  # SpQR's second level kept as such: a byte per scale and zero
+        import onnx
+
+        graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+        decoder = [n for n in graph.node if n.op_type == "QMatMul" and not n.name.startswith("lm_head")]
+        assert decoder and all(len(n.input) > 9 and n.input[9].endswith("scale_stats") for n in decoder)
     assert 0 < q["storage_bits_per_weight"] < bits + 1.5
     from edge.export.quant.rtn import quantize_rtn
 

@@ -17,3 +17,16 @@ def test_integers_in_a_small_range_are_exact():
     zeros = np.random.default_rng(1).integers(2, 6, size=(32, 4)).astype(np.float32)
     q = quantize_stat(zeros, bits=3, group_size=16)
     np.testing.assert_array_equal(np.round(q.dequantize()), zeros)
+
+
+def test_stacked_and_reordered_statistics_keep_each_rows_values():
+    """q/k/v stacking and edge's gated row order move rows between groups: each row keeps its own (base, step)."""
+    from edge.export.quant.second_level import concat_stats
+
+    rng = np.random.default_rng(3)
+    parts = [quantize_stat(rng.uniform(0.01, 0.1, (n, 5)).astype(np.float32), 8, 16) for n in (32, 16, 24)]
+    stacked = concat_stats(parts)
+    expected = np.concatenate([p.dequantize() for p in parts])
+    np.testing.assert_array_equal(stacked.dequantize(), expected)
+    order = rng.permutation(72)
+    np.testing.assert_array_equal(stacked.take_rows(order).dequantize(), expected[order])

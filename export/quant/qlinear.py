@@ -97,7 +97,7 @@ class QuantizedLinear:
 
     def take_rows(self, order: np.ndarray) -> "QuantizedLinear":
         """The layer with its output rows in `order` (a permutation): kernels that pair rows (edge.QMatMul's gated
-        MLP) want them in their own order. The compact second-level form is row-grouped and is dropped."""
+        MLP) want them in their own order. Second-level statistics keep each row's own (base, step) row."""
         order = np.asarray(order, dtype=np.int64)
         if sorted(order.tolist()) != list(range(self.codes.shape[0])):
             raise QuantizationError("take_rows needs a permutation of the layer's rows")
@@ -105,7 +105,8 @@ class QuantizedLinear:
         return QuantizedLinear(codes=self.codes[order], scales=self.scales[order], zeros=self.zeros[order],
                                bits=self.bits, block_size=self.block_size,
                                offsets=None if self.offsets is None else self.offsets[order],
-                               outliers=outliers, method=self.method)
+                               outliers=outliers, method=self.method,
+                               second_level=None if self.second_level is None else self.second_level.take_rows(order))
 
     def reference_matmul(self, x: np.ndarray) -> np.ndarray:
         """y = x W^T term by term as the stock-op graph computes it: low-bit matmul + group offsets + sparse outliers."""
@@ -177,7 +178,7 @@ def concat_rows(layers: list[QuantizedLinear]) -> QuantizedLinear:
     """Stack layers that share an input (q/k/v, gate/up) into one, so the graph runs one matmul for all of them.
 
     Rows are independent in every method here (GPTQ/SpQR/decoupleQ quantize rows against the same Hessian), so
-    stacking is exact. The compact second-level form is per layer and is dropped: bits are counted before stacking.
+    stacking is exact, second-level statistics included (bits are counted before stacking).
     """
     first = layers[0]
     if any(q.bits != first.bits or q.block_size != first.block_size or q.codes.shape[1] != first.codes.shape[1]
@@ -201,4 +202,5 @@ def concat_rows(layers: list[QuantizedLinear]) -> QuantizedLinear:
     return QuantizedLinear(codes=np.concatenate([q.codes for q in layers]),
                            scales=np.concatenate([q.scales for q in layers]),
                            zeros=np.concatenate([q.zeros for q in layers]), bits=first.bits,
-                           block_size=first.block_size, offsets=offsets, outliers=outliers, method=first.method)
+                           block_size=first.block_size, offsets=offsets, outliers=outliers, method=first.method,
+                           second_level=SecondLevelStats.concat([q.second_level for q in layers]))

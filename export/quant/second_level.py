@@ -21,15 +21,33 @@ class QuantizedStat:
     step: np.ndarray  # float16 (ceil(N/group_size), k_blocks)
     bits: int
     group_size: int
+    # row n's (base, step) row; None: n // group_size. Stacked or reordered layers (q/k/v, edge's gated gate/up)
+    # keep each row's own statistics this way, exactly.
+    rows: np.ndarray | None = None
+
+    def row_of(self) -> np.ndarray:
+        return np.arange(self.codes.shape[0]) // self.group_size if self.rows is None else self.rows
 
     def dequantize(self) -> np.ndarray:
-        n = self.codes.shape[0]
-        base = np.repeat(self.base.astype(np.float32), self.group_size, axis=0)[:n]
-        step = np.repeat(self.step.astype(np.float32), self.group_size, axis=0)[:n]
-        return base + step * self.codes.astype(np.float32)
+        rows = self.row_of()
+        return self.base.astype(np.float32)[rows] + self.step.astype(np.float32)[rows] * self.codes.astype(np.float32)
+
+    def take_rows(self, order: np.ndarray) -> "QuantizedStat":
+        return QuantizedStat(self.codes[order], self.base, self.step, self.bits, self.group_size, self.row_of()[order])
 
     def storage_bits(self) -> int:
         return self.codes.size * self.bits + (self.base.size + self.step.size) * 16
+
+
+def concat_stats(parts: list[QuantizedStat]) -> QuantizedStat:
+    """The statistics of layers stacked along N: each part's rows keep their own (base, step) rows."""
+    rows, offset = [], 0
+    for p in parts:
+        rows.append(p.row_of() + offset)
+        offset += p.base.shape[0]
+    first = parts[0]
+    return QuantizedStat(np.concatenate([p.codes for p in parts]), np.concatenate([p.base for p in parts]),
+                         np.concatenate([p.step for p in parts]), first.bits, first.group_size, np.concatenate(rows))
 
 
 def quantize_stat(values: np.ndarray, bits: int = 3, group_size: int = 16) -> QuantizedStat:
@@ -59,3 +77,13 @@ class SecondLevelStats:
 
     def storage_bits(self) -> int:
         return self.scales.storage_bits() + self.zeros.storage_bits()
+
+    def take_rows(self, order: np.ndarray) -> "SecondLevelStats":
+        return SecondLevelStats(self.scales.take_rows(order), self.zeros.take_rows(order))
+
+    @staticmethod
+    def concat(parts: list["SecondLevelStats | None"]) -> "SecondLevelStats | None":
+        """Stacked layers' statistics, or None unless every part has them at the same widths."""
+        if any(p is None for p in parts) or len({(p.scales.bits, p.zeros.bits) for p in parts}) != 1:
+            return None
+        return SecondLevelStats(concat_stats([p.scales for p in parts]), concat_stats([p.zeros for p in parts]))

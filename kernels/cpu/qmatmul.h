@@ -37,6 +37,16 @@ struct QMatMulArgs {
   const float* zeros_f32 = nullptr;
   const float* mins_f32 = nullptr;
   const uint16_t* mins_f16 = nullptr;
+  int64_t stats_tile0 = 0;  // the statistics arrays start at this tile (a block expanded from two-level ones)
+  // SpQR's two levels: scales (and zero points) given as uint8 codes (tiles, G, 8) of a second-level grid, value =
+  // base + step * code in float32 (multiply, then add), with float16 (base, step) pairs (R, G, 2) per stat row and
+  // group, and stat_rows (tiles * 2) naming the row of each half tile (4 columns). See expand_two_level.
+  const uint8_t* scale_codes = nullptr;
+  const uint16_t* scale_stats = nullptr;
+  const uint8_t* zero_codes = nullptr;
+  const uint16_t* zero_stats = nullptr;
+  const int32_t* stat_rows = nullptr;
+  int64_t stat_row_count = 0;
   const float* bias = nullptr;         // (N,)
   const uint16_t* outlier_values = nullptr;  // float16 (nnz,)
   const int32_t* outlier_cols = nullptr;     // (nnz,)
@@ -70,6 +80,10 @@ void finish_tile_row(const QMatMulArgs& a, int64_t m, int64_t tile, const float*
 // The same with AVX2 (bias and the gate activation 8 lanes at once; calls finish_tile_row for outliers and a partial
 // last tile), for the x86 vector kernels: the scalar form took a third of an 8-row fused gate/up matmul.
 void finish_tile_row_avx2(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense8);
+
+// Tiles [t0, t1) of two-level statistics in float32, as float32 statistics of those tiles: scales and (when
+// zero_codes) float zero points, each (t1 - t0, G, 8). Arithmetic as edge.kernels.pack.dequantize_two_level.
+void expand_two_level(const QMatMulArgs& a, int64_t t0, int64_t t1, float* scales, float* zeros);
 
 // Compute tiles [t0, t1) for all rows. The AVX2 variant exists only when compiled on x86-64.
 void qmatmul_tiles_portable(const QMatMulArgs& a, int64_t t0, int64_t t1);

@@ -106,7 +106,7 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
         accg[r] = kGroup32 ? sum : _mm256_add_ps(accg[r], sum);
       }
     }
-    const int64_t at = (t * a.G + g) * 8;
+    const int64_t at = ((t - a.stats_tile0) * a.G + g) * 8;
     const __m256 s = group_scale<Avx2>(a, at, 0);
     const __m256 sz = group_sz<Avx2>(a, at, 0, s);
     for (int r = 0; r < R; ++r) {

@@ -6,7 +6,7 @@ namespace edge {
 namespace {
 
 const char* kInputNames[] = {"X", "codes", "scales", "zeros", "bias", "outlier_values", "outlier_cols",
-                             "outlier_row_ptr", "mins"};
+                             "outlier_row_ptr", "mins", "scale_stats", "zero_stats", "stat_rows"};
 
 std::string type_error(size_t index, int got, const char* want) {
   return std::string("input '") + kInputNames[index] + "' has element type " + std::to_string(got) + ", expected " +
@@ -18,13 +18,35 @@ std::string size_error(size_t index, int64_t got, int64_t want, const std::strin
          std::to_string(want) + " (" + why + "); pack weights with edge.kernels.pack";
 }
 
+// Inputs 9-11 (SpQR's second level): scale_stats needs stat_rows; zero_stats needs scale_stats and uint8 zeros.
+std::string check_two_level(const TensorView* in, const QMatMulArgs& a, const std::string& layout) {
+  const bool scale_stats = in[9].value != nullptr, zero_stats = in[10].value != nullptr;
+  if (!scale_stats) return zero_stats || in[11].value != nullptr ? "zero_stats and stat_rows need scale_stats" : "";
+  if (in[9].type != kOrtFloat16) return type_error(9, in[9].type, "float16");
+  if (in[9].count == 0 || in[9].count % (a.G * 2) != 0)
+    return size_error(9, in[9].count, a.G * 2, "a multiple of 2 * groups: (rows, groups, 2) base and step, " + layout);
+  if (in[11].value == nullptr) return "scale_stats need stat_rows (the stat row of each half tile)";
+  if (in[11].type != kOrtInt32) return type_error(11, in[11].type, "int32");
+  if (in[11].count != a.tiles * 2) return size_error(11, in[11].count, a.tiles * 2, "two per tile of 8 columns");
+  if (in[8].value != nullptr) return "mins do not combine with two-level statistics";
+  if (zero_stats) {
+    if (in[10].type != kOrtFloat16) return type_error(10, in[10].type, "float16");
+    if (in[10].count != in[9].count) return size_error(10, in[10].count, in[9].count, "as many as scale_stats");
+    if (in[3].value == nullptr || in[3].type != kOrtUint8) return "zero_stats need zeros as uint8 codes";
+  }
+  return "";
+}
+
 std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) {
   const TensorView& x = in[0];
   if (x.type != kOrtFloat && x.type != kOrtFloat16) return type_error(0, x.type, "float32 or float16");
   if (x.dims.empty() || x.dims.back() != k.K)
     return "input 'X' must have last dimension K=" + std::to_string(k.K);
   if (in[1].type != kOrtUint8) return type_error(1, in[1].type, "uint8");
-  if (in[2].type != kOrtFloat && in[2].type != kOrtFloat16) return type_error(2, in[2].type, "float32 or float16");
+  const bool two_level = in[9].value != nullptr;
+  if (two_level && in[2].type != kOrtUint8) return type_error(2, in[2].type, "uint8 (codes, with scale_stats)");
+  if (!two_level && in[2].type != kOrtFloat && in[2].type != kOrtFloat16)
+    return type_error(2, in[2].type, "float32 or float16");
   const std::string layout = "N=" + std::to_string(k.N) + ", K=" + std::to_string(k.K) + ", bits=" +
                              std::to_string(k.bits) + ", group_size=" + std::to_string(k.group);
   if (in[1].count != a.tiles * a.tile_bytes) return size_error(1, in[1].count, a.tiles * a.tile_bytes, layout);
@@ -34,6 +56,7 @@ std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) 
     if (in[3].type != kOrtUint8 && in[3].type != kOrtFloat) return type_error(3, in[3].type, "uint8 or float32");
     if (in[3].count != per_group) return size_error(3, in[3].count, per_group, layout);
   }
+  if (std::string err = check_two_level(in, a, layout); !err.empty()) return err;
   if (in[8].value != nullptr) {
     if (in[3].value != nullptr) return "give zeros or mins, not both (W = (code - zero) * scale or code * scale + min)";
     if (in[8].type != kOrtFloat && in[8].type != kOrtFloat16) return type_error(8, in[8].type, "float32 or float16");
@@ -80,13 +103,25 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
   else a.x = static_cast<const float*>(in[0].data);
   a.ldx = k.K;
   a.codes = static_cast<const uint8_t*>(in[1].data);
-  if (in[2].type == kOrtFloat16) a.scales_f16 = static_cast<const uint16_t*>(in[2].data);
-  else a.scales = static_cast<const float*>(in[2].data);
+  if (in[9].value != nullptr) {
+    a.scale_codes = static_cast<const uint8_t*>(in[2].data);
+    a.scale_stats = static_cast<const uint16_t*>(in[9].data);
+    a.stat_rows = static_cast<const int32_t*>(in[11].data);
+    a.stat_row_count = in[9].count / (a.G * 2);
+    if (in[10].value != nullptr) {
+      a.zero_codes = static_cast<const uint8_t*>(in[3].data);
+      a.zero_stats = static_cast<const uint16_t*>(in[10].data);
+    }
+  } else if (in[2].type == kOrtFloat16) {
+    a.scales_f16 = static_cast<const uint16_t*>(in[2].data);
+  } else {
+    a.scales = static_cast<const float*>(in[2].data);
+  }
   if (in[8].value != nullptr) {
     if (in[8].type == kOrtFloat16) a.mins_f16 = static_cast<const uint16_t*>(in[8].data);
     else a.mins_f32 = static_cast<const float*>(in[8].data);
   }
-  if (in[3].value != nullptr) {
+  if (in[3].value != nullptr && a.zero_codes == nullptr) {
     if (in[3].type == kOrtUint8) a.zeros_u8 = static_cast<const uint8_t*>(in[3].data);
     else a.zeros_f32 = static_cast<const float*>(in[3].data);
   }
@@ -106,6 +141,14 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
   if (half) out->y16 = static_cast<uint16_t*>(y_data);
   else a.y = static_cast<float*>(y_data);
   return nullptr;
+}
+
+std::string validate_stat_rows_host(const QMatMulArgs& a) {
+  for (int64_t i = 0; a.stat_rows != nullptr && i < a.tiles * 2; ++i)
+    if (a.stat_rows[i] < 0 || a.stat_rows[i] >= a.stat_row_count)
+      return "stat_rows[" + std::to_string(i) + "] = " + std::to_string(a.stat_rows[i]) + " is outside [0, " +
+             std::to_string(a.stat_row_count) + ") (the rows of scale_stats)";
+  return "";
 }
 
 std::string validate_outliers_host(const QMatMulArgs& a) {

@@ -10,7 +10,7 @@
 
 namespace edge {
 
-constexpr size_t kQMatMulInputs = 9;  // X, codes, scales, zeros, bias, 3 outlier arrays, mins
+constexpr size_t kQMatMulInputs = 12;  // X, codes, scales, zeros, bias, 3 outlier arrays, mins, 3 two-level inputs
 
 struct QMatMulKernel {
   int64_t K = 0, N = 0, group = 0;
@@ -33,6 +33,9 @@ OrtStatus* bind_tensors(const QMatMulKernel& kernel, OrtKernelContext* ctx, Boun
 
 // Check CSR outliers on the host ("" when fine or absent): row_ptr monotone from 0 to nnz, columns in [0, K).
 std::string validate_outliers_host(const QMatMulArgs& a);
+
+// Check two-level statistics' stat_rows on the host ("" when fine or absent): every row inside scale_stats.
+std::string validate_stat_rows_host(const QMatMulArgs& a);
 
 // An OrtCustomOp (version 17) for edge.QMatMul on the given execution provider (nullptr provider = CPU), with
 // float32 X and Y, or float16 ones (half): registered side by side, onnxruntime picks by X's type.

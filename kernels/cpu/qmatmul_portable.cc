@@ -126,7 +126,7 @@ inline void decode8(int bits, const uint8_t* unit, int i, float* q) {
 }
 
 inline void group_offsets(const QMatMulArgs& a, int64_t t, int64_t g, float* s, float* sz) {
-  const int64_t at = (t * a.G + g) * 8;
+  const int64_t at = ((t - a.stats_tile0) * a.G + g) * 8;
   for (int j = 0; j < 8; ++j) {  // as qmatmul_stats.h
     s[j] = a.scales_f16 != nullptr ? half_to_float(a.scales_f16[at + j]) : a.scales[at + j];
     if (a.mins_f16 != nullptr || a.mins_f32 != nullptr) {

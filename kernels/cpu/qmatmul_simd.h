@@ -101,7 +101,7 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
         unit_steps<D, V, R>(dec, xr, k, accg[j], std::make_integer_sequence<int, D::kUnitK>{});
       }
     for (int j = 0; j < T; ++j) {
-      const int64_t at = ((t + j * V::kTiles) * a.G + g) * 8;
+      const int64_t at = ((t + j * V::kTiles - a.stats_tile0) * a.G + g) * 8;
       const F s = group_scale<V>(a, at, group_stride);
       const F sz = group_sz<V>(a, at, group_stride, s);
       for (int r = 0; r < R; ++r) {

@@ -72,7 +72,7 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
         accg[r] = V::add(accg[r], V::cvt(total));
       }
     }
-    const int64_t at = (t * a.G + g) * 8;
+    const int64_t at = ((t - a.stats_tile0) * a.G + g) * 8;
     const F s = group_scale<V>(a, at, group_stride);
     const F sz = group_sz<V>(a, at, group_stride, s);
     for (int r = 0; r < R; ++r) {

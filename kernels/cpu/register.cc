@@ -12,6 +12,9 @@
 //   4 bias     optional, float32 (N,)
 //   5-7        optional CSR outliers added to W: values float16 (nnz,), columns int32 (nnz,), row_ptr int32 (N+1,)
 //   8 mins     optional, float32 or float16, same shape as scales, instead of zeros: W = code * scale + min
+//   9-11       optional SpQR two-level statistics (QMatMulArgs): scale_stats float16 (R, G, 2), zero_stats float16
+//              (R, G, 2), stat_rows int32 (2 * ceil(N/8)); with scale_stats, scales are uint8 codes, and with
+//              zero_stats, zeros are uint8 codes of float zero points
 // Output Y (..., N).
 #include <algorithm>
 #include <cstring>
@@ -31,7 +34,8 @@ int input_type(const OrtCustomOp*, size_t index) {
   switch (index) {
     case 0: case 4: return kOrtFloat;
     case 1: return kOrtUint8;
-    case 2: case 3: case 8: return kOrtUndefined;  // scales and mins float32 or float16; zeros uint8 or float32
+    case 2: case 3: case 8: return kOrtUndefined;  // scales float32, float16 or uint8 codes; zeros uint8 or float32
+    case 9: case 10: return kOrtFloat16;
     case 5: return kOrtFloat16;
     default: return kOrtInt32;
   }
@@ -106,6 +110,28 @@ struct TileJob {
   int64_t chunks;
 };
 
+// Two-level statistics: tiles in blocks of kTwoLevelBlock (even, for the AVX-512 pairs), each block's scales and
+// zero points expanded to float32 in a per-thread buffer (a few KB: stays in L1/L2) and run as plain statistics.
+constexpr int64_t kTwoLevelBlock = 16;
+
+void run_two_level(const QMatMulArgs& a, TilesFn fn, int64_t t0, int64_t t1) {
+  thread_local std::vector<float> scales, zeros;
+  const size_t block = static_cast<size_t>(kTwoLevelBlock * a.G * 8);
+  scales.resize(block);
+  zeros.resize(a.zero_codes != nullptr ? block : 0);
+  QMatMulArgs local = a;
+  local.scales = scales.data();
+  if (a.zero_codes != nullptr) local.zeros_f32 = zeros.data();
+  for (int64_t t = t0; t < t1; t += kTwoLevelBlock) {
+    const int64_t end = std::min(t + kTwoLevelBlock, t1), offset = t * a.G * 8;
+    expand_two_level(a, t, end, scales.data(), zeros.data());
+    local.stats_tile0 = t;  // plain zero points, if any, are read from the same block of tiles
+    if (a.zeros_u8 != nullptr) local.zeros_u8 = a.zeros_u8 + offset;
+    if (a.zeros_f32 != nullptr && a.zero_codes == nullptr) local.zeros_f32 = a.zeros_f32 + offset;
+    fn(local, t, end);
+  }
+}
+
 void run_chunk(void* user, size_t index) {
   const auto* job = static_cast<const TileJob*>(user);
   // Chunk borders fall on even tiles, so the AVX-512 kernel (two tiles per vector) rarely gets an odd remainder.
@@ -113,7 +139,9 @@ void run_chunk(void* user, size_t index) {
   const int64_t i = static_cast<int64_t>(index);
   const int64_t t0 = 2 * (pairs * i / job->chunks);
   const int64_t t1 = std::min<int64_t>(2 * (pairs * (i + 1) / job->chunks), job->args->tiles);
-  if (t0 < t1) job->fn(*job->args, t0, t1);
+  if (t0 >= t1) return;
+  if (job->args->scale_codes != nullptr) run_two_level(*job->args, job->fn, t0, t1);
+  else job->fn(*job->args, t0, t1);
 }
 
 // Per-call activation buffers: zero-padded rows when the last group is partial, the per-group row sums, and what
@@ -179,6 +207,8 @@ OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
   QMatMulArgs& a = t.args;
   if (a.M == 0) return nullptr;
   if (std::string err = validate_outliers_host(a); !err.empty())
+    return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
+  if (std::string err = validate_stat_rows_host(a); !err.empty())
     return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
   thread_local std::vector<float> x32, y32;  // float16 X and Y: widened on entry, rounded once on exit
   if (t.x16 != nullptr) {

@@ -36,6 +36,12 @@ struct DeviceArgs {
   const float* zeros_f32;
   const float* mins_f32;  // W = code * scale + min instead of zero points
   const uint16_t* mins_f16;
+  const uint8_t* scale_codes;  // SpQR's two levels (QMatMulArgs): value = base + step * code
+  const uint16_t* scale_stats;
+  const uint8_t* zero_codes;
+  const uint16_t* zero_stats;
+  const int32_t* stat_rows;
+  int stat_row_count;
   const float* bias;
   const uint16_t* outlier_values;
   const int32_t* outlier_cols;
@@ -52,6 +58,16 @@ __device__ __forceinline__ float half_to_float_dev(uint16_t h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
   return f;
+}
+
+// A two-level statistic of column j of `tile`, group g: base + step * code (built with --fmad=false: the product
+// rounds, then the sum, as on the CPU). Rows outside the table are clamped (the CPU op range-checks them).
+__device__ __forceinline__ float two_level(const DeviceArgs& a, const uint8_t* codes, const uint16_t* stats,
+                                           int64_t tile, int64_t g, int64_t at, int j) {
+  int r = __ldg(a.stat_rows + 2 * tile + j / 4);
+  r = r < 0 ? 0 : (r >= a.stat_row_count ? a.stat_row_count - 1 : r);
+  const uint16_t* st = stats + (static_cast<int64_t>(r) * a.G + g) * 2;
+  return half_to_float_dev(__ldg(st)) + half_to_float_dev(__ldg(st + 1)) * static_cast<float>(__ldg(codes + at + j));
 }
 
 // The 8 code words of a unit (one per column) and, for 3-bit, the 8 words of high bits.
@@ -137,8 +153,12 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
     const bool mins = a.mins_f32 != nullptr || a.mins_f16 != nullptr;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      s[j] = a.scales_f16 ? half_to_float_dev(__ldg(a.scales_f16 + at + j)) : __ldg(a.scales + at + j);
-      if (mins)
+      const int64_t g = k0 / a.group;
+      s[j] = a.scale_codes ? two_level(a, a.scale_codes, a.scale_stats, tile, g, at, j)
+                           : (a.scales_f16 ? half_to_float_dev(__ldg(a.scales_f16 + at + j)) : __ldg(a.scales + at + j));
+      if (a.zero_codes)
+        z[j] = two_level(a, a.zero_codes, a.zero_stats, tile, g, at, j);
+      else if (mins)
         z[j] = a.mins_f16 ? half_to_float_dev(__ldg(a.mins_f16 + at + j)) : __ldg(a.mins_f32 + at + j);
       else
         z[j] = a.zeros_u8 ? static_cast<float>(__ldg(a.zeros_u8 + at + j))
@@ -245,7 +265,8 @@ std::string launch_qmatmul_cuda(const QMatMulArgs& h, const uint16_t* x16, uint1
   const int warps = static_cast<int>(units >= 96 ? kMaxWarps : (units + 31) / 32);
   DeviceArgs a{x, h.M, h.K, h.G, h.tiles, h.tile_bytes, h.group, units, static_cast<int>(h.N), h.bits, warps,
                h.gated, vec_x, h.codes, h.scales, h.scales_f16, h.zeros_u8, h.zeros_f32, h.mins_f32, h.mins_f16,
-               h.bias, h.outlier_values, h.outlier_cols,
+               h.scale_codes, h.scale_stats, h.zero_codes, h.zero_stats, h.stat_rows,
+               static_cast<int>(h.stat_row_count), h.bias, h.outlier_values, h.outlier_cols,
                h.outlier_rowptr, half ? static_cast<void*>(y16) : h.y};
   if (h.tiles > 0x7fffffff || h.M / kMaxRows > 65535) return "too many rows or columns for one launch";
   const auto s = static_cast<cudaStream_t>(stream);
