@@ -36,7 +36,7 @@ from edge.config import ModelConfig
 OPSET = 21
 IR_VERSION = 10  # onnxruntime 1.31 rejects the IR 14 that onnx 1.23 writes by default
 DATA_ALIGN = 4096  # page-aligned tensors let onnxruntime memory-map the external data
-EDGE_QMATMUL_BITS = (2, 3, 4)  # code widths edge.QMatMul (kernels/) runs
+EDGE_QMATMUL_BITS = (2, 3, 4, 8)  # code widths edge.QMatMul (kernels/) runs
 GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}  # edge.QMatMul's activation attribute for the MLP's gate
 
 
@@ -64,18 +64,23 @@ def two_level_stats(q):
     return two if np.allclose(two.zeros(), float_zeros, rtol=1e-5, atol=1e-4) else None
 
 
-def float16_scale_min(q) -> tuple[np.ndarray, np.ndarray] | None:
-    """q's groups as float16 (scale, min) with W = code * scale + min, when that form gives every weight of q
-    bitwise (in float32) as q's own form does; else None. GGUF Q4_1 stores exactly this, so a Q4_1 source keeps
-    its own numbers in 5 bits per weight, against 6 for float32 scales and float zero points."""
+def float16_statistics(q, source: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
+    """q's statistics in float16 where that loses nothing, as pack's keyword arguments: a float16 scale with q's
+    uint8 zero points when its scales are float16 values (a Q8_0 table); else a float16 (scale, min) pair, W = code
+    * scale + min, when it gives every weight bitwise (in float32) as q's own form does or as the float source
+    weights are (Q4_1 stores exactly this); else None. A 4-bit Q4_1 weight then costs 5 bits at run time, against 6
+    with float32 scales and float zero points."""
     s16 = q.scales.astype(np.float16)
+    if q.offsets is None and np.array_equal(s16.astype(np.float32), q.scales):
+        return {"scales": s16, "zeros": q.zeros}
     m16 = (-q.scales * q.zeros.astype(np.float32) + (0 if q.offsets is None else q.offsets)).astype(np.float16)
     if not (np.isfinite(s16).all() and np.isfinite(m16).all()):
         return None
     k = q.codes.shape[1]
     per_k = np.arange(k) // q.block_size
     w16 = q.codes.astype(np.float32) * s16.astype(np.float32)[:, per_k] + m16.astype(np.float32)[:, per_k]
-    return (s16, m16) if np.array_equal(w16, q.dense()) else None
+    exact = np.array_equal(w16, q.dense()) or (source is not None and np.array_equal(w16, source))
+    return {"scales": s16, "mins": m16} if exact else None
 
 class MatMulNBitsWeights(Protocol):
     """What a quantizer returns for one linear layer (see export/quant)."""
@@ -203,7 +208,7 @@ class DecoderBuilder:
                 y = self.g.node("Add", [y, self.weight(f"{name}.bias", bias.astype(np.float32))])[0]
             return y
         if self.opt.kernels == "edge":
-            return self.qmatmul(x, name, q, bias)
+            return self.qmatmul(x, name, q, bias, source=w)
         p = q.to_matmulnbits()
         inputs = [
             x,
@@ -225,7 +230,8 @@ class DecoderBuilder:
             y = self.sparse_term(x, y, name, p["outliers"])
         return y
 
-    def qmatmul(self, x: str, name: str, q, bias: np.ndarray | None, gated: int = 0) -> str:
+    def qmatmul(self, x: str, name: str, q, bias: np.ndarray | None, gated: int = 0,
+                source: np.ndarray | None = None) -> str:
         """edge.QMatMul: one op for any bits, float offsets folded into float zero points, outliers inside (gated:
         the MLP's gated activation too, over rows from interleave_gated)."""
         from edge.kernels.graph import qmatmul_node, qmatmul_tensors
@@ -238,8 +244,8 @@ class DecoderBuilder:
         if (two := two_level_stats(q)) is not None:
             packed = pack_two_level(q.codes, two, None if two.zero_codes is not None else q.zeros, bits=q.bits,
                                     group_size=q.block_size, outliers=outliers)
-        elif (stats := float16_scale_min(q)) is not None:
-            packed = pack(q.codes, stats[0], bits=q.bits, group_size=q.block_size, outliers=outliers, mins=stats[1])
+        elif (stats := float16_statistics(q, source)) is not None:
+            packed = pack(q.codes, bits=q.bits, group_size=q.block_size, outliers=outliers, **stats)
         else:
             zeros = q.zeros if q.offsets is None else q.zeros.astype(np.float32) - q.offsets / q.scales
             packed = pack(q.codes, q.scales, zeros, bits=q.bits, group_size=q.block_size, outliers=outliers)
@@ -369,14 +375,14 @@ class DecoderBuilder:
                 and self.opt.quantizer is not None and gate.shape[0] % 4 == 0):
             return None
         from edge.export.quant.qlinear import concat_rows
-        from edge.kernels.pack import gated_row_order
+        from edge.kernels.pack import gated_row_order, interleave_gated
 
         # gate and up quantized as themselves (calibrated methods look layers up by name), then rows interleaved
         parts = [self.opt.quantizer(f"{p}.{n}_proj", w) for n, w in (("gate", gate), ("up", up))]
         if None in parts:
             return None
         q = concat_rows(parts).take_rows(gated_row_order(gate.shape[0]))
-        return self.qmatmul(x, f"{p}.gate_up_proj", q, None, gated=gated)
+        return self.qmatmul(x, f"{p}.gate_up_proj", q, None, gated=gated, source=interleave_gated(gate, up))
 
     def embedding(self) -> tuple[str, Callable[[str], str]]:
         """Token embedding, and a function that applies the output head to hidden rows (tied or not)."""
@@ -406,11 +412,11 @@ class DecoderBuilder:
                 return self.linear(h, "lm_head", self.tensors["lm_head.weight"])
             if q is None:
                 return self.g.node("Gemm", [h, table], transB=1, name="lm_head")[0]
-            # the head in the batch-invariant kernel too (its own copy of the table); an 8-bit table (lossless
-            # for a Q8_0 source) has no edge.QMatMul kernel and stays in MatMulNBits, at accuracy_level 4: 8-bit
-            # at level 0 is MatMulNBits' unpacked slow path (measured 3.4 vs 26 tok/s for the whole model)
+            # the head in the batch-invariant kernel too (its own copy of the table; an 8-bit one, lossless for a
+            # Q8_0 source, in the fp32 kernels). Stock ops: 8-bit at accuracy_level 0 is MatMulNBits' unpacked slow
+            # path (measured 3.4 vs 26 tok/s for the whole model), so the stock form uses level 4 there
             if self.opt.kernels == "edge" and q.bits in EDGE_QMATMUL_BITS:
-                return self.qmatmul(h, "lm_head", q, None)
+                return self.qmatmul(h, "lm_head", q, None, source=emb)
             level = 4 if self.opt.kernels == "edge" and p["bits"] == 8 else self.opt.accuracy_level
             return self.g.node("MatMulNBits", [h, table, scales, zeros], domain="com.microsoft", name="lm_head",
                                K=p["K"], N=p["N"], bits=p["bits"], block_size=p["block_size"],

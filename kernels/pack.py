@@ -8,6 +8,8 @@ The layout is designed for the kernel, not for storage compatibility with MatMul
   ``unit_k`` consecutive k for all 8 columns of the tile:
 
   - 4-bit: unit_k = 8, 32 bytes = 8 little-endian uint32 words, word j for column 8t+j, code of k0+i at bits 4i..4i+3;
+  - 8-bit: unit_k = 4, 32 bytes, word j holds the 4 codes of column 8t+j, code of k0+i at bits 8i..8i+7 (a Q8_0
+    table kept exactly; the fp32 kernels compute it);
   - 2-bit: unit_k = 16, 32 bytes, word j holds the 16 codes of column 8t+j, code of k0+i at bits 2i..2i+1;
   - 3-bit: unit_k = 16, 48 bytes: the low two bits of each code as a 2-bit unit (32 bytes), then 8 little-endian
     uint16, the one for column 8t+j holding the high bit of the code of k0+i at bit i.
@@ -37,13 +39,13 @@ import numpy as np
 
 from edge.errors import EdgeError
 
-SUPPORTED_BITS = (2, 3, 4)
+SUPPORTED_BITS = (2, 3, 4, 8)
 TILE = 8
 
 
 def unit_k(bits: int) -> int:
     """Consecutive k covered by one unit of the packed codes."""
-    return 8 if bits == 4 else 16
+    return {4: 8, 8: 4}.get(bits, 16)
 
 
 def unit_bytes(bits: int) -> int:
@@ -131,7 +133,7 @@ class PackedWeight:
 def _check_args(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray | None, mins: np.ndarray | None, bits: int,
                 group_size: int) -> None:
     if bits not in SUPPORTED_BITS:
-        raise EdgeError(f"edge.QMatMul packs 2-, 3- or 4-bit codes, not {bits}-bit")
+        raise EdgeError(f"edge.QMatMul packs 2-, 3-, 4- or 8-bit codes, not {bits}-bit")
     if group_size % 16 or not 16 <= group_size <= 128:
         raise EdgeError(f"group_size must be a multiple of 16 in 16..128, got {group_size}")
     if codes.ndim != 2:
@@ -178,8 +180,8 @@ def pack_codes(codes: np.ndarray, bits: int, group_size: int) -> np.ndarray:
     full[:n, :k] = codes
     uk = unit_k(bits)
     c = full.reshape(n_pad // TILE, TILE, k_pad // uk, uk)
-    if bits == 4:
-        body = _pack_words(c, 4, 8, np.dtype("<u4"))
+    if bits in (4, 8):
+        body = _pack_words(c, bits, 32 // bits, np.dtype("<u4"))
         return np.ascontiguousarray(body).view(np.uint8).reshape(-1)
     lo = _pack_words(c & 3, 2, 16, np.dtype("<u4"))
     if bits == 2:

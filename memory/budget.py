@@ -221,7 +221,7 @@ def qmatmul_bytes(n_out: int, k_in: int, bits: int = 4, group: int = NBITS_BLOCK
 
 
 def estimate_layout(config: ModelConfig, quant: str, kernels: str = "stock", paged: bool = False,
-                    float16_stats: bool = False) -> WeightLayout:
+                    float16_stats: bool = False, embedding_bits: int | None = None) -> WeightLayout:
     """Weight bytes the exporter writes for `config` in `quant`, tensor by tensor.
 
     In an integer format the linear layers (fused q/k/v, o, fused gate/up, down, an untied lm_head) are MatMulNBits and
@@ -247,11 +247,17 @@ def estimate_layout(config: ModelConfig, quant: str, kernels: str = "stock", pag
     layer_linear = sum(linear_bytes(n, k, float16_stats) for n, k in linears)
     norms = (4 if config.architecture == "gemma3" else 2) * h + (2 * config.head_dim if config.qk_norm else 0)
     bias = (q_width + 2 * kv_width) if config.qkv_bias else 0
-    # the table is always in the gather's layout (float, or MatMulNBits' for GatherBlockQuantized)
-    embedding = matmul_nbits_bytes(config.vocab_size, h, bits) if bits else linear_bytes(config.vocab_size, h)
+    # the table is always in the gather's layout (float, or MatMulNBits' for GatherBlockQuantized), at its own
+    # width (embedding_bits: 8 keeps a Q8_0 table exactly)
+    table_bits = embedding_bits or bits
+    embedding = matmul_nbits_bytes(config.vocab_size, h, table_bits) if bits else linear_bytes(config.vocab_size, h)
     tied = config.tie_word_embeddings
     # a tied head reads the table itself, except edge.QMatMul, which needs its own copy in its layout
-    head_linear = linear_bytes(config.vocab_size, h) if not tied or edge else 0
+    head_linear = 0
+    if not tied:
+        head_linear = linear_bytes(config.vocab_size, h)
+    elif edge:
+        head_linear = qmatmul_bytes(config.vocab_size, h, table_bits)
     # Prepack: in an integer package every MatMulNBits weight (a tied lm_head reads the table itself once ORT drops
     # the no-op Reshape, as its optimized graph shows); in a float one MLAS packs MatMul weights in place of the
     # originals, but a tied table is packed for the Gemm and kept for the Gather.
@@ -310,6 +316,7 @@ class ModelSpec:
     int8_activations: bool = False  # quantized matmuls round their input to int8 (accuracy_level 4): a step's copy
     fused_mlp: bool = False  # act(gate) * up inside edge.QMatMul (its activation attribute): fewer live buffers
     float16_stats: bool = False  # edge.QMatMul layers with float16 (scale, min) per group (estimate_layout)
+    embedding_bits: int | None = None  # the table's width when it differs from the linears' (8: a Q8_0 table)
 
     @property
     def edge_attention(self) -> bool:
@@ -364,12 +371,14 @@ class ModelSpec:
         paged = bool(manifest.get("paging"))
         record = manifest.get("quantization")
         float16_stats = isinstance(record, dict) and str(record.get("zero_points", "")).startswith("float16")
-        layout = estimate_layout(config, quant, kernels, paged, float16_stats)
+        embedding_bits = 8 if isinstance(record, dict) and "int8" in str(record.get("embedding", "")) else None
+        layout = estimate_layout(config, quant, kernels, paged, float16_stats, embedding_bits)
         layout = _paged_layout(layout, manifest["paging"], weights) if paged else layout.scaled_to(weights)
         return cls(name=name, config=config, quant=quant, layout=layout, kernels=kernels, paged=paged,
                    has_tokenizer=any(file.endswith("tokenizer.json") for file in sizes),
                    int8_activations=_int8_activations(manifest, quant, kernels),
-                   fused_mlp=bool(graph.get("fused_mlp", False)), float16_stats=float16_stats)
+                   fused_mlp=bool(graph.get("fused_mlp", False)), float16_stats=float16_stats,
+                   embedding_bits=embedding_bits)
 
     @classmethod
     def from_package(cls, path: str | Path) -> "ModelSpec":

@@ -26,7 +26,7 @@ ROWS = (1, 2, 3, 4, 5, 8, 9, 17, 64)
 cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="the CPU kernels or host-side checks")
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
 @pytest.mark.parametrize("group", [16, 32, 64, 128])
 @pytest.mark.parametrize("outliers", [0, 40])
 def test_matches_float64_reference(bits: int, group: int, outliers: int) -> None:
@@ -42,7 +42,7 @@ def test_matches_float64_reference(bits: int, group: int, outliers: int) -> None
 
 
 @pytest.mark.parametrize("zeros", ["none", "float32", "scales16", "mins32", "mins16", "two-level", "two-level-scales"])
-@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_zero_point_kinds(bits: int, zeros: str) -> None:
     rng = np.random.default_rng(bits)
     packed, w = make_weight(rng, 24, 96, bits, 32, zeros=zeros)
@@ -134,7 +134,7 @@ def test_weights_as_inputs_equal_constant_bitwise(bits: int) -> None:
         np.testing.assert_array_equal(const(x), fed(x))
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_batch_invariance(bits: int) -> None:
     """Row i of an M-row call is bitwise the M=1 result for that row, for any M and any other rows."""
     rng = np.random.default_rng(11 + bits)
@@ -266,7 +266,7 @@ def test_bad_outliers_are_a_clear_error() -> None:
 
 @cpu_only
 @pytest.mark.parametrize("n,attribute,value,message", [
-    (16, "bits", 5, "bits must be 2, 3 or 4"),
+    (16, "bits", 5, "bits must be 2, 3, 4 or 8"),
     (16, "accuracy_level", 2, "accuracy_level must be 0"),
     (16, "activation", 3, "activation must be 0"),
     (12, "activation", 1, "multiple of 8"),  # a gated activation needs whole tiles of 4 gate and 4 up rows
@@ -290,7 +290,7 @@ import json, sys
 import numpy as np
 from kernels_util import QMatMulRunner, make_weight, assert_close_to_reference
 out = {}
-for bits in (2, 3, 4):
+for bits in (2, 3, 4, 8):
     rng = np.random.default_rng(bits)
     packed, w = make_weight(rng, 45, 200, bits, 32, outliers=15)
     bias = rng.standard_normal(45).astype(np.float32)
@@ -344,6 +344,7 @@ def test_portable_and_vector_paths_are_each_exact_and_batch_invariant() -> None:
     assert runs["avxvnni"]["4"] == runs["avx512vnni"]["4"] == runs[None]["4"]
     assert runs["avxvnni"]["4-int8"] == runs["avx512vnni"]["4-int8"] == runs[None]["4-int8"] == runs["avx2"]["4-int8"]
     assert runs[None]["2"] == runs["avx2"]["2"] and runs[None]["3"] == runs["avx2"]["3"]
+    assert runs[None]["8"] == runs["avx2"]["8"] == runs["avx512"]["8"]
     for key in ("2-mins16-0", "3-mins16-0"):  # float16 statistics: the same agreements
         assert runs["avx512"][key] == runs["avx2"][key] == runs[None][key]
     assert runs["avxvnni"]["4-mins16-0"] == runs["avx512vnni"]["4-mins16-0"] == runs[None]["4-mins16-0"]

@@ -24,8 +24,8 @@ def _decode(packed: ek.PackedWeight) -> np.ndarray:
             u, i = divmod(kk, uk)
             base = t * tile_bytes + u * ub
             word = int.from_bytes(raw[base + 4 * j : base + 4 * j + 4], "little")
-            if bits == 4:
-                code = (word >> (4 * i)) & 15
+            if bits in (4, 8):
+                code = (word >> (bits * i)) & ((1 << bits) - 1)
             else:
                 code = (word >> (2 * i)) & 3
                 if bits == 3:
@@ -35,7 +35,7 @@ def _decode(packed: ek.PackedWeight) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
 @pytest.mark.parametrize("n, k, group", [(8, 32, 16), (13, 50, 16), (20, 100, 32)])
 def test_layout_round_trip(bits: int, n: int, k: int, group: int) -> None:
     rng = np.random.default_rng(bits * 100 + n)
@@ -87,7 +87,7 @@ def test_outliers_csr() -> None:
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"bits": 5, "group_size": 32}, "2-, 3- or 4-bit"),
+    ({"bits": 5, "group_size": 32}, "2-, 3-, 4- or 8-bit"),
     ({"bits": 4, "group_size": 24}, "multiple of 16"),
     ({"bits": 4, "group_size": 256}, "multiple of 16"),
     ({"bits": 2, "group_size": 32}, r"codes must lie in \[0, 4\)"),

@@ -91,14 +91,13 @@ def snap_to_gguf_grids(model, imported, embedding_bits: int = 8) -> None:
 
 @pytest.mark.parametrize("kernels", ["stock", "edge"])
 def test_int4_float_zeros_is_lossless_on_a_gguf_grid_source(tmp_path, kernels):
-    """Stock ops with a Q8_0 table (8-bit head at accuracy_level 0); edge.QMatMul, which has no 8-bit kernel (its
-    8-bit head would run MatMulNBits at accuracy_level 4), with a table on a 4-bit grid through 0."""
+    """A Q4_1/Q8_0 source comes through exactly: stock ops (8-bit head in MatMulNBits at accuracy_level 0) and edge
+    kernels (an 8-bit edge.QMatMul head, float16 scale and min in the linears)."""
     embedding_bits = 8
     if kernels == "edge":
         from kernels_util import ensure_library
 
         ensure_library()
-        embedding_bits = 4
     model, imported = tiny_llama(seed=2, hidden_size=64, intermediate_size=96)
     snap_to_gguf_grids(model, imported, embedding_bits)
     ids = [int(t) for t in np.random.default_rng(1).integers(0, 96, 12)]

@@ -65,7 +65,7 @@ struct QMatMulArgs {
 };
 
 // Layout constants shared with the Python packer.
-inline int unit_k(int bits) { return bits == 4 ? 8 : 16; }
+inline int unit_k(int bits) { return bits == 4 ? 8 : (bits == 8 ? 4 : 16); }
 inline int unit_bytes(int bits) { return bits == 3 ? 48 : 32; }
 
 // Fill args.tile_bytes, Kp, G and tiles from K, N, bits and group.

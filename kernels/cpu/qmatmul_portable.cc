@@ -115,6 +115,8 @@ inline void decode8(int bits, const uint8_t* unit, int i, float* q) {
     uint32_t c;
     if (bits == 4) {
       c = (w >> (4 * i)) & 15u;
+    } else if (bits == 8) {
+      c = (w >> (8 * i)) & 255u;
     } else if (bits == 2) {
       c = (w >> (2 * i)) & 3u;
     } else {

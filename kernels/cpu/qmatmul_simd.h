@@ -46,6 +46,20 @@ struct Decoder<V, 2> {
   }
 };
 
+// 8-bit codes (a Q8_0 table kept exactly): 4 per word, the fp32 kernels only.
+template <class V>
+struct Decoder<V, 8> {
+  static constexpr int kUnitK = 4;
+  static constexpr int kUnitBytes = 32;
+  typename V::I w;
+  Decoder(const uint8_t* unit, int64_t tile_stride) : w(V::load_unit(unit, tile_stride)) {}
+  template <int i>
+  typename V::F get() const {
+    if constexpr (i == 3) return V::cvt(V::template srli<24>(w));
+    else return V::cvt(V::and_(w, V::set1i(static_cast<int>(255u << (8 * i)))));
+  }
+};
+
 // 3-bit codes combine two planes, so they are shifted down (activations are not prescaled for 3-bit).
 template <class V>
 struct Decoder<V, 3> {
@@ -156,6 +170,7 @@ template <class V>
 int64_t run_tiles(const QMatMulArgs& a, int64_t t0, int64_t t1) {
   if (a.bits == 4) return run_tiles_bits<V, 4>(a, t0, t1);
   if (a.bits == 2) return run_tiles_bits<V, 2>(a, t0, t1);
+  if (a.bits == 8) return run_tiles_bits<V, 8>(a, t0, t1);
   return run_tiles_bits<V, 3>(a, t0, t1);
 }
 

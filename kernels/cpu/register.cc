@@ -82,7 +82,8 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
   if (st == nullptr) {
     std::string err;
     if (k->K <= 0 || k->N <= 0) err = "K and N must be positive";
-    else if (bits != 2 && bits != 3 && bits != 4) err = "bits must be 2, 3 or 4, got " + std::to_string(bits);
+    else if (bits != 2 && bits != 3 && bits != 4 && bits != 8)
+      err = "bits must be 2, 3, 4 or 8, got " + std::to_string(bits);
     else if (k->group < 16 || k->group > 128 || k->group % 16 != 0)
       err = "group_size must be a multiple of 16 in 16..128, got " + std::to_string(k->group);
     else if (accuracy != 0 && accuracy != 4)

@@ -91,6 +91,7 @@ __device__ __forceinline__ void load_unit(const uint8_t* p, Unit& u) {
 template <int BITS>
 __device__ __forceinline__ float code(const Unit& u, int j, int i) {
   if (BITS == 4) return static_cast<float>((u.w[j] >> (4 * i)) & 15u);
+  if (BITS == 8) return static_cast<float>((u.w[j] >> (8 * i)) & 255u);
   uint32_t c = (u.w[j] >> (2 * i)) & 3u;
   if (BITS == 3) c |= ((u.hi[j] >> i) & 1u) << 2;
   return static_cast<float>(c);
@@ -135,7 +136,7 @@ __device__ __forceinline__ int owned_slot(int lane) {
 template <int BITS, int R, typename T>
 __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int rows) {
   const T* x = static_cast<const T*>(a.x);
-  constexpr int UK = BITS == 4 ? 8 : 16, UB = BITS == 3 ? 48 : 32, S = 8 * R;
+  constexpr int UK = BITS == 4 ? 8 : (BITS == 8 ? 4 : 16), UB = BITS == 3 ? 48 : 32, S = 8 * R;
   constexpr int PER_LANE = S >= 32 ? S / 32 : 1;
   __shared__ float red[kMaxWarps][S];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -249,6 +250,7 @@ void launch_bits(const DeviceArgs& a, cudaStream_t s) {
 template <typename T>
 void launch_type(const DeviceArgs& a, cudaStream_t s) {
   if (a.bits == 4) launch_bits<4, T>(a, s);
+  else if (a.bits == 8) launch_bits<8, T>(a, s);
   else if (a.bits == 3) launch_bits<3, T>(a, s);
   else launch_bits<2, T>(a, s);
 }
