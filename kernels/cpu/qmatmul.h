@@ -47,6 +47,8 @@ struct QMatMulArgs {
   const uint16_t* zero_stats = nullptr;
   const int32_t* stat_rows = nullptr;
   int64_t stat_row_count = 0;
+  const float* scale_stats_f32 = nullptr;  // the (base, step) tables widened once per call (widen_halves)
+  const float* zero_stats_f32 = nullptr;
   const float* bias = nullptr;         // (N,)
   const uint16_t* outlier_values = nullptr;  // float16 (nnz,)
   const int32_t* outlier_cols = nullptr;     // (nnz,)
@@ -82,8 +84,13 @@ void finish_tile_row(const QMatMulArgs& a, int64_t m, int64_t tile, const float*
 void finish_tile_row_avx2(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense8);
 
 // Tiles [t0, t1) of two-level statistics in float32, as float32 statistics of those tiles: scales and (when
-// zero_codes) float zero points, each (t1 - t0, G, 8). Arithmetic as edge.kernels.pack.dequantize_two_level.
+// zero_codes) float zero points, each (t1 - t0, G, 8), from the widened tables (scale_stats_f32, zero_stats_f32).
+// Arithmetic as edge.kernels.pack.TwoLevel.values (product rounded, then the sum); the AVX2 form gives the same bits.
 void expand_two_level(const QMatMulArgs& a, int64_t t0, int64_t t1, float* scales, float* zeros);
+void expand_two_level_avx2(const QMatMulArgs& a, int64_t t0, int64_t t1, float* scales, float* zeros);
+// float16 -> float32 for n values (exact); the AVX2 form uses F16C.
+void widen_halves(const uint16_t* in, int64_t n, float* out);
+void widen_halves_avx2(const uint16_t* in, int64_t n, float* out);
 
 // Compute tiles [t0, t1) for all rows. The AVX2 variant exists only when compiled on x86-64.
 void qmatmul_tiles_portable(const QMatMulArgs& a, int64_t t0, int64_t t1);

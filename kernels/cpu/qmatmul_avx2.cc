@@ -178,6 +178,39 @@ void finish_tile_row_avx2(const QMatMulArgs& a, int64_t m, int64_t tile, const f
 
 void qmatmul_tiles_avx2(const QMatMulArgs& a, int64_t t0, int64_t t1) { simd::run_tiles<Avx2>(a, t0, t1); }
 
+namespace {
+
+// One statistic of a tile and group, 8 lanes: base + step * code (separate multiply and add, as the portable form).
+inline void expand_group_avx2(const uint8_t* codes, const float* stats, int64_t G, int64_t g, int32_t r0, int32_t r1,
+                              float* out) {
+  const float* s0 = stats + (r0 * G + g) * 2;
+  const float* s1 = stats + (r1 * G + g) * 2;
+  const __m256 base = _mm256_set_m128(_mm_set1_ps(s1[0]), _mm_set1_ps(s0[0]));
+  const __m256 step = _mm256_set_m128(_mm_set1_ps(s1[1]), _mm_set1_ps(s0[1]));
+  const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes))));
+  _mm256_storeu_ps(out, _mm256_add_ps(base, _mm256_mul_ps(step, c)));
+}
+
+}  // namespace
+
+void expand_two_level_avx2(const QMatMulArgs& a, int64_t t0, int64_t t1, float* scales, float* zeros) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const int32_t r0 = a.stat_rows[2 * t], r1 = a.stat_rows[2 * t + 1];
+    for (int64_t g = 0; g < a.G; ++g) {
+      const int64_t at = (t * a.G + g) * 8, out = ((t - t0) * a.G + g) * 8;
+      expand_group_avx2(a.scale_codes + at, a.scale_stats_f32, a.G, g, r0, r1, scales + out);
+      if (a.zero_codes != nullptr) expand_group_avx2(a.zero_codes + at, a.zero_stats_f32, a.G, g, r0, r1, zeros + out);
+    }
+  }
+}
+
+void widen_halves_avx2(const uint16_t* in, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  for (; i < n; ++i) out[i] = half_to_float(in[i]);
+}
+
 void prepare_int8_avx2(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
   const int64_t units_total = a.Kp / 8;
   for (int64_t m = 0; m < a.M; ++m)

@@ -125,7 +125,7 @@ void run_two_level(const QMatMulArgs& a, TilesFn fn, int64_t t0, int64_t t1) {
   if (a.zero_codes != nullptr) local.zeros_f32 = zeros.data();
   for (int64_t t = t0; t < t1; t += kTwoLevelBlock) {
     const int64_t end = std::min(t + kTwoLevelBlock, t1), offset = t * a.G * 8;
-    expand_two_level(a, t, end, scales.data(), zeros.data());
+    (uses_avx2() ? expand_two_level_avx2 : expand_two_level)(a, t, end, scales.data(), zeros.data());
     local.stats_tile0 = t;  // plain zero points, if any, are read from the same block of tiles
     if (a.zeros_u8 != nullptr) local.zeros_u8 = a.zeros_u8 + offset;
     if (a.zeros_f32 != nullptr && a.zero_codes == nullptr) local.zeros_f32 = a.zeros_f32 + offset;
@@ -189,10 +189,26 @@ void prepare_activations(QMatMulArgs& a, TilesFn fn) {
   }
 }
 
+// Two-level statistics: their float16 (base, step) tables widened once per call (a few KB per layer).
+void prepare_two_level(QMatMulArgs& a) {
+  if (a.scale_codes == nullptr) return;
+  thread_local std::vector<float> tables;
+  const int64_t n = a.stat_row_count * a.G * 2;
+  tables.resize(static_cast<size_t>(a.zero_codes != nullptr ? 2 * n : n));
+  const auto widen = uses_avx2() ? widen_halves_avx2 : widen_halves;
+  widen(a.scale_stats, n, tables.data());
+  a.scale_stats_f32 = tables.data();
+  if (a.zero_codes != nullptr) {
+    widen(a.zero_stats, n, tables.data() + n);
+    a.zero_stats_f32 = tables.data() + n;
+  }
+}
+
 // Prepare the activations and run every tile, split over ORT's threads when the call is big enough.
 OrtStatus* run_tiles(QMatMulArgs& a, OrtKernelContext* ctx) {
   TileJob job{&a, select_tiles_fn(a.bits, a.digits), 1};
   prepare_activations(a, job.fn);
+  prepare_two_level(a);
 
   const int64_t work = a.M * a.Kp * a.tiles * 8;
   if (work >= (int64_t{1} << 17) && a.tiles >= 4) job.chunks = std::min<int64_t>(a.tiles / 2, 8);
