@@ -116,4 +116,16 @@ def default_package(quant: str = DEFAULT_QUANT) -> Path:
     if (target / "manifest.json").exists():
         return target
     export_model(default_gguf(), target, **EXPORTS.get(quant, {"quant": quant}), progress=True)
+    _remove_older_revisions(quant)
     return target
+
+
+def _remove_older_revisions(quant: str) -> None:
+    """Delete the cached exports an older edge made of this named export (they are never used again)."""
+    import shutil
+
+    revision = EXPORT_REVISIONS.get(quant, 0)
+    base = cache_dir() / "models" / f"smollm2-135m-instruct-{quant}"
+    for old in [base, *(base.with_name(f"{base.name}-r{r}") for r in range(2, revision))] if revision else []:
+        if (old / "manifest.json").exists():
+            shutil.rmtree(old, ignore_errors=True)

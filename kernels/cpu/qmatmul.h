@@ -1,4 +1,4 @@
-// edge.QMatMul: y = x W^T (+ bias) with W stored as 2/3/4-bit codes in groups, optional CSR outliers.
+// edge.QMatMul: y = x W^T (+ bias) with W stored as 2/3/4/8-bit codes in groups, optional CSR outliers.
 //
 // The packed layout (written by edge.kernels.pack, documented there) is "tile-major": output columns come in tiles of
 // 8, and for each tile the codes of 8..16 consecutive k for all 8 columns sit in one 32- or 48-byte unit, one 32-bit
