@@ -40,7 +40,6 @@ EDGE_QMATMUL_BITS = (2, 3, 4, 8)  # code widths edge.QMatMul (kernels/) runs
 GATED_ACTIVATIONS = {"silu": 1, "gelu_tanh": 2}  # edge.QMatMul's activation attribute for the MLP's gate
 
 
-
 def two_level_stats(q):
     """SpQR's two-level statistics of q as edge.QMatMul takes them (edge.kernels.pack.TwoLevel), when they give
     q's scales bit for bit (a group whose 16-bit scale underflowed kept a float one: then None) and rows share
@@ -81,6 +80,7 @@ def float16_statistics(q, source: np.ndarray | None = None) -> dict[str, np.ndar
     w16 = q.codes.astype(np.float32) * s16.astype(np.float32)[:, per_k] + m16.astype(np.float32)[:, per_k]
     exact = np.array_equal(w16, q.dense()) or (source is not None and np.array_equal(w16, source))
     return {"scales": s16, "mins": m16} if exact else None
+
 
 class MatMulNBitsWeights(Protocol):
     """What a quantizer returns for one linear layer (see export/quant)."""
@@ -413,14 +413,13 @@ class DecoderBuilder:
             if q is None:
                 return self.g.node("Gemm", [h, table], transB=1, name="lm_head")[0]
             # the head in the batch-invariant kernel too (its own copy of the table; an 8-bit one, lossless for a
-            # Q8_0 source, in the fp32 kernels). Stock ops: 8-bit at accuracy_level 0 is MatMulNBits' unpacked slow
-            # path (measured 3.4 vs 26 tok/s for the whole model), so the stock form uses level 4 there
+            # Q8_0 source, in the fp32 kernels). Stock ops read the table itself (at accuracy_level 0 an 8-bit one
+            # takes MatMulNBits' unpacked slow path: measured 3.4 vs 26 tok/s for the whole model)
             if self.opt.kernels == "edge" and q.bits in EDGE_QMATMUL_BITS:
                 return self.qmatmul(h, "lm_head", q, None, source=emb)
-            level = 4 if self.opt.kernels == "edge" and p["bits"] == 8 else self.opt.accuracy_level
             return self.g.node("MatMulNBits", [h, table, scales, zeros], domain="com.microsoft", name="lm_head",
                                K=p["K"], N=p["N"], bits=p["bits"], block_size=p["block_size"],
-                               accuracy_level=level)[0]
+                               accuracy_level=self.opt.accuracy_level)[0]
 
         return x, head
 

@@ -35,8 +35,7 @@ int input_type(const OrtCustomOp*, size_t index) {
     case 0: case 4: return kOrtFloat;
     case 1: return kOrtUint8;
     case 2: case 3: case 8: return kOrtUndefined;  // scales float32, float16 or uint8 codes; zeros uint8 or float32
-    case 9: case 10: return kOrtFloat16;
-    case 5: return kOrtFloat16;
+    case 5: case 9: case 10: return kOrtFloat16;
     default: return kOrtInt32;
   }
 }
