@@ -18,45 +18,15 @@ namespace edge {
 namespace simd {
 
 template <class V, int BITS>
-struct Decoder;
-
-template <class V>
-struct Decoder<V, 4> {
-  static constexpr int kUnitK = 8;
+struct Decoder {  // 2-, 4- and 8-bit codes: a 32-bit word per column holds 32 / BITS consecutive k
+  static constexpr int kUnitK = 32 / BITS;
   static constexpr int kUnitBytes = 32;
   typename V::I w;
   Decoder(const uint8_t* unit, int64_t tile_stride) : w(V::load_unit(unit, tile_stride)) {}
   template <int i>
   typename V::F get() const {
-    if constexpr (i == 7) return V::cvt(V::template srli<28>(w));
-    else return V::cvt(V::and_(w, V::set1i(static_cast<int>(15u << (4 * i)))));
-  }
-};
-
-template <class V>
-struct Decoder<V, 2> {
-  static constexpr int kUnitK = 16;
-  static constexpr int kUnitBytes = 32;
-  typename V::I w;
-  Decoder(const uint8_t* unit, int64_t tile_stride) : w(V::load_unit(unit, tile_stride)) {}
-  template <int i>
-  typename V::F get() const {
-    if constexpr (i == 15) return V::cvt(V::template srli<30>(w));
-    else return V::cvt(V::and_(w, V::set1i(static_cast<int>(3u << (2 * i)))));
-  }
-};
-
-// 8-bit codes (a Q8_0 table kept exactly): 4 per word, the fp32 kernels only.
-template <class V>
-struct Decoder<V, 8> {
-  static constexpr int kUnitK = 4;
-  static constexpr int kUnitBytes = 32;
-  typename V::I w;
-  Decoder(const uint8_t* unit, int64_t tile_stride) : w(V::load_unit(unit, tile_stride)) {}
-  template <int i>
-  typename V::F get() const {
-    if constexpr (i == 3) return V::cvt(V::template srli<24>(w));
-    else return V::cvt(V::and_(w, V::set1i(static_cast<int>(255u << (8 * i)))));
+    if constexpr (i == kUnitK - 1) return V::cvt(V::template srli<32 - BITS>(w));
+    else return V::cvt(V::and_(w, V::set1i(static_cast<int>(((1u << BITS) - 1) << (BITS * i)))));
   }
 };
 

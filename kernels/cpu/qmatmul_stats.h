@@ -27,4 +27,18 @@ inline typename V::F group_sz(const QMatMulArgs& a, int64_t at, int64_t stride, 
   return V::mul(s, V::set1(static_cast<float>(1 << (a.bits - 1))));
 }
 
+// Tiles [t0, t1) of two-level statistics (QMatMulArgs::scale_codes ...) expanded to float32 blocks, one call of
+// group(codes, stats, G, g, r0, r1, out) per statistic, tile and group: the loops both expand_two_level forms share.
+template <class Group>
+void expand_two_level_with(const QMatMulArgs& a, int64_t t0, int64_t t1, float* scales, float* zeros, Group group) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const int32_t r0 = a.stat_rows[2 * t], r1 = a.stat_rows[2 * t + 1];
+    for (int64_t g = 0; g < a.G; ++g) {
+      const int64_t at = (t * a.G + g) * 8, out = ((t - t0) * a.G + g) * 8;
+      group(a.scale_codes + at, a.scale_stats_f32, a.G, g, r0, r1, scales + out);
+      if (a.zero_codes != nullptr) group(a.zero_codes + at, a.zero_stats_f32, a.G, g, r0, r1, zeros + out);
+    }
+  }
+}
+
 }  // namespace edge

@@ -5,6 +5,7 @@
 // base + step * code rounds the product and then the sum, as numpy does in edge.kernels.pack (and as the AVX2 form
 // in qmatmul_avx2.cc does, with separate multiply and add).
 #include "qmatmul.h"
+#include "qmatmul_stats.h"
 
 namespace edge {
 
@@ -21,14 +22,7 @@ void expand_group(const uint8_t* codes, const float* stats, int64_t G, int64_t g
 }  // namespace
 
 void expand_two_level(const QMatMulArgs& a, int64_t t0, int64_t t1, float* scales, float* zeros) {
-  for (int64_t t = t0; t < t1; ++t) {
-    const int32_t r0 = a.stat_rows[2 * t], r1 = a.stat_rows[2 * t + 1];
-    for (int64_t g = 0; g < a.G; ++g) {
-      const int64_t at = (t * a.G + g) * 8, out = ((t - t0) * a.G + g) * 8;
-      expand_group(a.scale_codes + at, a.scale_stats_f32, a.G, g, r0, r1, scales + out);
-      if (a.zero_codes != nullptr) expand_group(a.zero_codes + at, a.zero_stats_f32, a.G, g, r0, r1, zeros + out);
-    }
-  }
+  expand_two_level_with(a, t0, t1, scales, zeros, expand_group);
 }
 
 void widen_halves(const uint16_t* in, int64_t n, float* out) {
