@@ -105,6 +105,12 @@ def test_bad_stat_rows_are_a_clear_error() -> None:
     bad = ek.PackedWeight(**{**two.__dict__, "stat_rows": np.full_like(two.stat_rows, 7)})
     with pytest.raises(Exception, match=r"stat_rows\[0\] = 7 is outside \[0, 2\)"):
         QMatMulRunner(bad)(np.ones((1, 64), np.float32))
+    both = ek.PackedWeight(**{**two.__dict__, "mins": np.zeros(two.scales.shape, np.float16)})
+    with pytest.raises(Exception, match="mins do not combine with two-level statistics"):
+        QMatMulRunner(both)(np.ones((1, 64), np.float32))
+    orphan = ek.PackedWeight(**{**two.__dict__, "scale_stats": None})
+    with pytest.raises(Exception, match="zero_stats and stat_rows need scale_stats"):
+        QMatMulRunner(orphan)(np.ones((1, 64), np.float32))
     with pytest.raises(EdgeError, match="share their stat row"):
         ek.pack_two_level(np.zeros((32, 64), np.uint8), ek.TwoLevel(
             scale_codes=np.zeros((32, 4), np.uint8), scale_stats=np.ones((2, 4, 2), np.float16),

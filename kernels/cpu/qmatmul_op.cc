@@ -43,12 +43,13 @@ std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) 
   if (x.dims.empty() || x.dims.back() != k.K)
     return "input 'X' must have last dimension K=" + std::to_string(k.K);
   if (in[1].type != kOrtUint8) return type_error(1, in[1].type, "uint8");
+  const std::string layout = "N=" + std::to_string(k.N) + ", K=" + std::to_string(k.K) + ", bits=" +
+                             std::to_string(k.bits) + ", group_size=" + std::to_string(k.group);
+  if (std::string err = check_two_level(in, a, layout); !err.empty()) return err;
   const bool two_level = in[9].value != nullptr;
   if (two_level && in[2].type != kOrtUint8) return type_error(2, in[2].type, "uint8 (codes, with scale_stats)");
   if (!two_level && in[2].type != kOrtFloat && in[2].type != kOrtFloat16)
     return type_error(2, in[2].type, "float32 or float16");
-  const std::string layout = "N=" + std::to_string(k.N) + ", K=" + std::to_string(k.K) + ", bits=" +
-                             std::to_string(k.bits) + ", group_size=" + std::to_string(k.group);
   if (in[1].count != a.tiles * a.tile_bytes) return size_error(1, in[1].count, a.tiles * a.tile_bytes, layout);
   const int64_t per_group = a.tiles * a.G * 8;
   if (in[2].count != per_group) return size_error(2, in[2].count, per_group, layout);
@@ -56,7 +57,6 @@ std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) 
     if (in[3].type != kOrtUint8 && in[3].type != kOrtFloat) return type_error(3, in[3].type, "uint8 or float32");
     if (in[3].count != per_group) return size_error(3, in[3].count, per_group, layout);
   }
-  if (std::string err = check_two_level(in, a, layout); !err.empty()) return err;
   if (in[8].value != nullptr) {
     if (in[3].value != nullptr) return "give zeros or mins, not both (W = (code - zero) * scale or code * scale + min)";
     if (in[8].type != kOrtFloat && in[8].type != kOrtFloat16) return type_error(8, in[8].type, "float32 or float16");
