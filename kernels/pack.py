@@ -122,9 +122,9 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        """Bytes at run time (codes, scales, zeros, outliers)."""
-        total = self.codes.nbytes + self.scales.nbytes + sum(
-            0 if a is None else a.nbytes for a in (self.zeros, self.mins, self.scale_stats, self.zero_stats, self.stat_rows))
+        """Bytes at run time (codes, every statistic, outliers)."""
+        extra = (self.zeros, self.mins, self.scale_stats, self.zero_stats, self.stat_rows)
+        total = self.codes.nbytes + self.scales.nbytes + sum(0 if a is None else a.nbytes for a in extra)
         if self.outliers is not None:
             total += self.outliers.values.nbytes + self.outliers.cols.nbytes + self.outliers.rowptr.nbytes
         return total
@@ -298,27 +298,22 @@ def quantize(w: np.ndarray, bits: int, group_size: int, float_zeros: bool = Fals
 def dequantize(p: PackedWeight, codes: np.ndarray) -> np.ndarray:
     """W (N, K) in float64 from the logical codes and p's scales/zeros/outliers (the reference of the kernel)."""
     n, k = p.n, p.k
-    groups = -(-k // p.group_size)
-    def per_column(a: np.ndarray) -> np.ndarray:
-        return a.transpose(0, 2, 1).reshape(-1, groups)[:n].astype(np.float64)[:, np.arange(k) // p.group_size]
+    groups, per_k = -(-k // p.group_size), np.arange(k) // p.group_size
 
-    if p.scale_stats is not None:  # two levels: statistics from their codes, as TwoLevel.values
-        rows = np.repeat(p.stat_rows, 4)
-        def level(codes8: np.ndarray, stats: np.ndarray) -> np.ndarray:
-            base, step = (stats[rows, :, i].astype(np.float32) for i in (0, 1))
-            return (base + step * codes8.transpose(0, 2, 1).reshape(-1, groups).astype(np.float32))[:n]
-        scales = level(p.scales, p.scale_stats).astype(np.float64)[:, np.arange(k) // p.group_size]
-        if p.zero_stats is not None:
-            zeros = level(p.zeros, p.zero_stats).astype(np.float64)[:, np.arange(k) // p.group_size]
-        else:
-            zeros = np.full_like(scales, float(1 << (p.bits - 1))) if p.zeros is None else per_column(p.zeros)
-        w = (codes.astype(np.float64) - zeros) * scales
-    elif p.mins is not None:
-        w = codes.astype(np.float64) * per_column(p.scales) + per_column(p.mins)
+    def per_column(a: np.ndarray) -> np.ndarray:  # (tiles, groups, 8) -> (N, groups)
+        return a.transpose(0, 2, 1).reshape(-1, groups)[:n]
+
+    scales, zeros = per_column(p.scales), None if p.zeros is None else per_column(p.zeros)
+    if p.scale_stats is not None:  # two levels: the statistics from their codes
+        two = TwoLevel(scales, p.scale_stats, np.repeat(p.stat_rows, 4)[:n],
+                       zeros if p.zero_stats is not None else None, p.zero_stats)
+        scales, zeros = two.scales(), (zeros if p.zero_stats is None else two.zeros())
+    scales = scales.astype(np.float64)[:, per_k]
+    if p.mins is not None:
+        w = codes.astype(np.float64) * scales + per_column(p.mins).astype(np.float64)[:, per_k]
     else:
-        scales = per_column(p.scales)
-        zeros = np.full_like(scales, float(1 << (p.bits - 1))) if p.zeros is None else per_column(p.zeros)
-        w = (codes.astype(np.float64) - zeros) * scales
+        z = float(1 << (p.bits - 1)) if zeros is None else zeros.astype(np.float64)[:, per_k]
+        w = (codes.astype(np.float64) - z) * scales
     if p.outliers is not None:
         o = p.outliers
         rows = np.repeat(np.arange(n), np.diff(o.rowptr))
