@@ -30,6 +30,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-bits", type=int, choices=[4, 8],
                    help="width of the gathered embedding / tied head (default 4; 8 for spqr and for int4 --zeros "
                         "float; 8 is exact for a Q8_0 table)")
+    p.add_argument("--head", choices=["rtn", "gptq"],
+                   help="the output head's quantization: gptq (calibrated on the float model's final hidden states, "
+                        "same bits and speed; SmolLM2's perplexity loss +8.8%% -> +2.0%%) or rtn. Default: gptq where "
+                        "the head has weights of its own (untied, or tied with --kernels edge) below 8 bits, on "
+                        "Llama-style models; rtn otherwise and with --self-draft")
     p.add_argument("--kernels", choices=["stock", "edge"], default="stock",
                    help="stock: onnxruntime's MatMulNBits and GroupQueryAttention; edge: edge.QMatMul and "
                         "edge.Attention from kernels/ (batch-invariant, so speculative decoding stays exact on "
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
             out = export_paged(load_model(args.source), args.output, tree_attention=not args.no_tree_attention,
                                overwrite=args.force, quant=args.quant, kernels=args.kernels,
-                               accuracy_level=args.accuracy_level)
+                               accuracy_level=args.accuracy_level, head=args.head)
         else:
             model = None
             if args.self_draft:
@@ -108,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                                tree_attention=not args.no_tree_attention, progress=sys.stderr.isatty(),
                                kernels=args.kernels, bits=args.bits, group_size=args.group_size, model=model,
                                zeros=args.zeros, embedding_bits=args.embedding_bits, stat_bits=args.stat_bits,
+                               head=args.head or ("rtn" if args.self_draft else None),  # the draft re-creates it
                                **({} if args.accuracy_level is None else {"accuracy_level": args.accuracy_level}))
             if args.self_draft:
                 add_self_draft(args, model, out)

@@ -1,6 +1,7 @@
 """Prompt and decode speed and peak memory of edge against onnxruntime-genai, on the default model, in one run.
 
     python benchmarks/decode.py [--runs 3] [--threads 2]
+    python benchmarks/decode.py --pair PACKAGE_A PACKAGE_B     # A/B of two packages in one process
 
 Each measurement runs in a fresh subprocess (so peak RSS is that system's own), systems are interleaved run by run
 (so a noisy neighbour hits all of them alike), and the table reports medians. Prompt: about 200 tokens of English;
@@ -137,6 +138,35 @@ def worker(system: str, path: str, threads: int) -> None:
     print(json.dumps(result))
 
 
+def pair(paths: list[str], threads: int, rounds: int = 30, block: int = 16) -> None:
+    """Two edge packages in one process, taking turns at blocks of `block` decode steps after the same 200-token
+    prompt, the order swapped every round: on a shared machine, whatever slows one block slows its neighbour in
+    the other package too, so the per-round ratios are far steadier than fresh processes' (same library)."""
+    import numpy as np
+
+    from edge.engine import Engine
+
+    engines = [Engine(path, threads=threads, context_length=1024) for path in paths]
+    ids = engines[0].tokenizer.encode(PROMPT)
+    for engine in engines:
+        engine.decoder.prefill(ids)
+    past = engines[0].decoder.cache.length
+    seconds: list[list[float]] = [[], []]
+    for r in range(rounds):
+        for i in (0, 1) if r % 2 == 0 else (1, 0):
+            decoder = engines[i].decoder
+            start = time.perf_counter()
+            for k in range(block):
+                decoder.step([ids[k]])
+            seconds[i].append((time.perf_counter() - start) / block)
+            decoder.cache.trim(past)
+    a, b = np.array(seconds[0]), np.array(seconds[1])
+    ratio = a / b  # > 1: the second package is faster
+    print(f"decode tok/s: {1 / np.median(a):.1f} ({paths[0]}), {1 / np.median(b):.1f} ({paths[1]}); second/first "
+          f"speed per round: median {np.median(ratio):.3f}, quartiles {np.percentile(ratio, 25):.3f}-"
+          f"{np.percentile(ratio, 75):.3f} ({rounds} rounds of {block} steps)")
+
+
 def measure(system: str, path: Path, threads: int) -> dict:
     out = subprocess.run([sys.executable, __file__, "--worker", system, str(path), "--threads", str(threads)],
                          check=True, capture_output=True, text=True)
@@ -149,9 +179,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--worker", nargs=2, metavar=("SYSTEM", "PATH"))
     p.add_argument("--spin-both", action="store_true", help="measure edge with and without thread spinning")
+    p.add_argument("--pair", nargs=2, metavar=("PACKAGE_A", "PACKAGE_B"),
+                   help="decode speed of two edge packages taking turns in one process (A/B of a change)")
     args = p.parse_args()
     if args.worker:
         return worker(*args.worker, args.threads)
+    if args.pair:
+        return pair(args.pair, args.threads)
     packages = prepare()
     if args.spin_both:  # edge with worker threads spinning (EDGE_SPIN=1) and sleeping (0), side by side
         for name in [n for n in packages if n.startswith("edge")]:

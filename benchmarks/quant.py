@@ -25,10 +25,13 @@ VARIANTS = {
     "rtn int4 float zeros, int4 embedding": dict(quant="int4", zeros="float", embedding_bits=4),
     "rtn int4 float zeros": dict(quant="int4", zeros="float"),
     "rtn int4 float zeros (edge kernels)": dict(quant="int4", zeros="float", kernels="edge"),
-    # the default model (edge.default_model.EXPORTS["int4-edge"]): Q4_1's float16 scale and min, int8 activations
-    "default: int4-edge (float16 scale and min; int4 embedding)": dict(
-        quant="int4", kernels="edge", accuracy_level=4, zeros="float", embedding_bits=4),
-    "int4-edge before (integer zeros)": dict(quant="int4", kernels="edge", accuracy_level=4),
+    # the default model (edge.default_model.EXPORTS["int4-edge"]): Q4_1's float16 scale and min, int8 activations,
+    # the 4-bit head calibrated with GPTQ (export/quant/head.py)
+    "default: int4-edge (float16 scale and min; int4 embedding; GPTQ head)": dict(
+        quant="int4", kernels="edge", accuracy_level=4, zeros="float", embedding_bits=4, head="gptq"),
+    "int4-edge with round-to-nearest head (session 8 default)": dict(
+        quant="int4", kernels="edge", accuracy_level=4, zeros="float", embedding_bits=4, head="rtn"),
+    "int4-edge before (integer zeros)": dict(quant="int4", kernels="edge", accuracy_level=4, head="rtn"),
     "onnxruntime MatMulNBitsQuantizer": dict(peer=True),
     "rtn int2 (block 64)": dict(quant="rtn2"),
     "spqr 3-bit": dict(quant="spqr", bits=3),
@@ -64,7 +67,7 @@ def export(name: str, spec: dict, imported, fp32_dir: Path) -> tuple[Path, float
         export_model("smollm2", target, quant="int4", model=imported, quantizer=rtn_2bit(rtn_quantizer))
     else:
         extra = {key: spec[key] for key in ("zeros", "embedding_bits", "kernels", "group_size", "stat_bits",
-                                            "accuracy_level")
+                                            "accuracy_level", "head")
                  if key in spec}
         export_model("smollm2", target, quant=spec["quant"], bits=spec.get("bits"), model=imported, progress=True,
                      **extra)

@@ -159,6 +159,9 @@ class BuildOptions:
     fuse_projections: bool = True  # one matmul for q/k/v and one for gate/up (benchmarks/graph_ops.py measures it)
     # "edge": quantized linears run edge.QMatMul and attention edge.Attention (kernels/), both batch-invariant
     kernels: str = "stock"
+    # The output head's own quantization (export/quant/head.py: GPTQ on the final hidden states), used where the head
+    # has weights of its own at run time (untied, or tied on edge.QMatMul); None: the quantizer's (tied: the table's).
+    head_quantizer: Callable[[np.ndarray], Any] | None = None
     # Kept layer indices (ascending) for a graph over a subset of the layers (the skip-layer self-draft); None: all.
     # The kept layers' cache inputs/outputs are numbered 0..len-1 in order, so the runtime runs it like any model.
     layers: tuple[int, ...] | None = None
@@ -199,9 +202,11 @@ class DecoderBuilder:
         return name
 
     # -- building blocks ----------------------------------------------------------------------------------------
-    def linear(self, x: str, name: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
-        """y = x w^T (+ bias) for w of shape (out, in), quantized if the quantizer accepts this layer."""
-        q = self.opt.quantizer(name, w) if self.opt.quantizer else None
+    def linear(self, x: str, name: str, w: np.ndarray, bias: np.ndarray | None = None, q=None) -> str:
+        """y = x w^T (+ bias) for w of shape (out, in), quantized if the quantizer accepts this layer (or as `q`, a
+        quantization made elsewhere)."""
+        if q is None and self.opt.quantizer:
+            q = self.opt.quantizer(name, w)
         if q is None:
             y = self.g.node("MatMul", [x, self.weight(f"{name}.weight_t", w.T.astype(np.float32))], name=name)[0]
             if bias is not None:
@@ -409,19 +414,25 @@ class DecoderBuilder:
 
         def head(h: str) -> str:
             if not cfg.tie_word_embeddings:
-                return self.linear(h, "lm_head", self.tensors["lm_head.weight"])
+                w = self.tensors["lm_head.weight"]
+                return self.linear(h, "lm_head", w, q=self.head_weights(w))
             if q is None:
                 return self.g.node("Gemm", [h, table], transB=1, name="lm_head")[0]
-            # the head in the batch-invariant kernel too (its own copy of the table; an 8-bit one, lossless for a
-            # Q8_0 source, in the fp32 kernels). Stock ops read the table itself (at accuracy_level 0 an 8-bit one
-            # takes MatMulNBits' unpacked slow path: measured 3.4 vs 26 tok/s for the whole model)
+            # the head in the batch-invariant kernel too (its own copy of the table, or its own quantization; an
+            # 8-bit table, lossless for a Q8_0 source, in the fp32 kernels). Stock ops read the table itself (at
+            # accuracy_level 0 an 8-bit one takes MatMulNBits' unpacked slow path: 3.4 vs 26 tok/s for the model)
             if self.opt.kernels == "edge" and q.bits in EDGE_QMATMUL_BITS:
-                return self.qmatmul(h, "lm_head", q, None, source=emb)
+                own = self.head_weights(emb)
+                return self.qmatmul(h, "lm_head", q if own is None else own, None, source=emb)
             return self.g.node("MatMulNBits", [h, table, scales, zeros], domain="com.microsoft", name="lm_head",
                                K=p["K"], N=p["N"], bits=p["bits"], block_size=p["block_size"],
                                accuracy_level=self.opt.accuracy_level)[0]
 
         return x, head
+
+    def head_weights(self, w: np.ndarray):
+        """The head's own quantization of w (BuildOptions.head_quantizer), or None."""
+        return self.opt.head_quantizer(w) if self.opt.head_quantizer else None
 
     # -- whole model --------------------------------------------------------------------------------------------
     def kept_layers(self) -> list[int]:

@@ -172,14 +172,16 @@ class HeadBuilder(DecoderBuilder):
         hidden = self.rms_norm("hidden", "model.norm.weight")
         rows = self.g.node("Reshape", [hidden, self.const("hidden.flat", [-1, cfg.hidden_size])])[0]
         picked = self.g.node("Gather", [rows, "logits_index"], axis=0)[0]
-        if cfg.tie_word_embeddings and q is not None:
-            logits = self.qmatmul(picked, "lm_head", q, None)  # the head's own QMatMul copy of the table
+        if cfg.tie_word_embeddings and q is not None:  # the head's own QMatMul copy of the table, or its own weights
+            own = self.head_weights(emb)
+            logits = self.qmatmul(picked, "lm_head", q if own is None else own, None)
         elif cfg.tie_word_embeddings:
             logits = self.g.node("Gemm", [picked, table], transB=1, name="lm_head")[0]
         else:
             if q is None:
                 self.g.initializers.pop(0)  # the table is only gathered from (by the runtime), not a graph weight
-            logits = self.linear(picked, "lm_head", self.tensors["lm_head.weight"])
+            w = self.tensors["lm_head.weight"]
+            logits = self.linear(picked, "lm_head", w, q=self.head_weights(w))
         self.g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits"))
         inputs = [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, "seq", cfg.hidden_size]),
                   helper.make_tensor_value_info("logits_index", TensorProto.INT64, ["rows"])]
@@ -302,11 +304,16 @@ def paged_build_options(quant: str, kernels: str, tree_attention: bool, rope_cac
 def export_paged(model: ImportedModel, out_dir: str | os.PathLike, tree_attention: bool = True,
                  overwrite: bool = False, rope_cache_len: int | None = None,
                  progress: Callable[[int], None] = lambda n: None, quant: str = "fp32",
-                 kernels: str = "stock", accuracy_level: int | None = None) -> Path:
+                 kernels: str = "stock", accuracy_level: int | None = None, head: str | None = None) -> Path:
     """Export an imported model as a paged package (atomically, like export_model): fp32, or int4 with
-    kernels='edge' (edge.QMatMul takes its packed weights as inputs at full speed; see paged_build_options)."""
+    kernels='edge' (edge.QMatMul takes its packed weights as inputs at full speed; see paged_build_options).
+    head: the output head's quantization, as export_model's (a calibrated GPTQ head by default where it applies)."""
+    from edge.export.pipeline import calibrated_head, choose_head, table_bits
+
     cfg = model.config
     options, quant_info = paged_build_options(quant, kernels, tree_attention, rope_cache_len, accuracy_level)
+    if choose_head(head, model, quant, options.kernels, table_bits(quant, None, None)) == "gptq":
+        options = calibrated_head(model, options, quant_info, progress=False)
     with atomic_package_dir(Path(out_dir), overwrite=overwrite) as tmp:
         paging = build_paged(cfg, model.tensors, tmp, options, progress)
         (tmp / "tokenizer.json").write_text(model.tokenizer_json, encoding="utf-8")

@@ -118,17 +118,66 @@ def build_options(quant: str, tree_attention: bool, zeros: str | None = None,
     raise ValueError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_METHODS)}")
 
 
+def table_bits(quant: str, zeros: str | None, embedding_bits: int | None) -> int:
+    """Width of the quantized embedding table (and of a tied head that reads it): build_options' and
+    calibrated_quantizer's defaults."""
+    if embedding_bits:
+        return embedding_bits
+    return 8 if (quant == "int4" and zeros == "float") or quant == "spqr" else 4
+
+
+def choose_head(head: str | None, imported: ImportedModel, quant: str, kernels: str, width: int) -> str:
+    """How the output head is quantized: "gptq" (its own weights, calibrated: export/quant/head.py) or "rtn" (tied:
+    it reads the table; untied: as a linear layer). Checked before any calibration runs.
+
+    head=None picks GPTQ wherever it applies and pays: a quantized Llama-style model whose head holds weights of its
+    own at run time (untied, or tied on edge.QMatMul) at fewer than 8 bits (an 8-bit table is already lossless
+    for a Q8_0 source). "gptq" where it cannot apply is an error that says why."""
+    from edge.export.quant.head import HEAD_METHODS, supports_calibrated_head
+
+    if head is not None and head not in HEAD_METHODS:
+        raise QuantizationError(f"unknown head quantization {head!r}; choose one of {', '.join(HEAD_METHODS)}")
+    own = not imported.config.tie_word_embeddings or kernels == "edge"
+    if head is None:
+        return "gptq" if quant != "fp32" and own and width < 8 and supports_calibrated_head(imported) else "rtn"
+    if head == "gptq" and quant == "fp32":
+        raise QuantizationError("--head gptq applies to quantized exports, not fp32")
+    if head == "gptq" and not own:
+        raise QuantizationError("a tied head on stock ops reads the embedding table itself, so it cannot be quantized "
+                                "on its own: add --kernels edge, or use --head rtn")
+    if head == "gptq" and not supports_calibrated_head(imported):
+        raise QuantizationError(f"a calibrated (gptq) head needs a Llama-style model, not "
+                                f"{imported.config.architecture!r}; export with --head rtn")
+    return head
+
+
+def calibrated_head(imported: ImportedModel, options: BuildOptions, quant_info: dict[str, Any],
+                    progress: bool) -> BuildOptions:
+    """Calibrate the head's GPTQ quantizer (one forward pass of the float model), record it in quant_info and
+    return the options that use it."""
+    from edge.export.quant.head import gptq_head
+    from edge.tokenizer import Tokenizer
+
+    encode = Tokenizer(imported.tokenizer_json).encode
+    bar = _progress_bar(imported.config.num_layers, "calibrating the output head", progress)
+    quantize, quant_info["head"] = gptq_head(imported, lambda text: encode(text, add_special_tokens=False),
+                                             progress=bar.update)
+    bar.close()
+    return dataclasses.replace(options, head_quantizer=quantize)
+
+
 def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: str = "int4",
                  tree_attention: bool = True, overwrite: bool = False, progress: bool = False,
                  model: ImportedModel | None = None, bits: int | None = None, group_size: int | None = None,
                  zeros: str | None = None, embedding_bits: int | None = None, stat_bits: int | None = None,
-                 **build_overrides: Any) -> Path:
+                 head: str | None = None, **build_overrides: Any) -> Path:
     """Export `source` (a GGUF file or a Hugging Face folder) into the package folder `out_dir`.
 
     bits/group_size apply to the calibrated methods (spqr: 3 or 4 bits, groups of 16; decoupleq: 2-4 bits, groups
     of 64; stat_bits: the width of SpQR's quantized scales and zeros, default 3). zeros ("integer" | "float")
     picks the zero points (int4 default integer; see build_options), embedding_bits (4 or 8) the width of the
-    gathered embedding / tied head. build_overrides replace BuildOptions fields (e.g. fuse_projections=False) for
+    gathered embedding / tied head, head ("rtn" | "gptq"; default: gptq where it applies, see choose_head) the
+    output head's own quantization. build_overrides replace BuildOptions fields (e.g. fuse_projections=False) for
     experiments and benchmarks.
     """
     if zeros is not None and zeros not in ZERO_POINTS:
@@ -144,6 +193,8 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
 
         model = load_model(source)
     imported = model
+    head = choose_head(head, imported, quant, build_overrides.get("kernels", "stock"),
+                       table_bits(quant, zeros, embedding_bits))
     if quant in CALIBRATED:
         overrides = {} if stat_bits is None else {"stat_bits": stat_bits}
         quantizer, quant_info = calibrated_quantizer(imported, quant, bits, group_size, progress, zeros,
@@ -154,6 +205,8 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
     if build_overrides.get("kernels") == "edge" and "accuracy_level" not in build_overrides:
         build_overrides = {**build_overrides, "accuracy_level": 0}  # edge kernels: exact unless asked
     options = dataclasses.replace(options, **build_overrides)
+    if head == "gptq":
+        options = calibrated_head(imported, options, quant_info, progress)
     cfg = imported.config
     bar = _progress_bar(build_steps(cfg), f"exporting {Path(source).name} ({quant})", progress)
     with atomic_package_dir(Path(out_dir), overwrite=overwrite) as tmp:

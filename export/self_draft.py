@@ -118,16 +118,14 @@ def package_build_options(package: Package) -> BuildOptions:
 
     quant = package.manifest.get("quantization", {})
     method = quant.get("method")
-    if method == "fp32":
-        name = "fp32"
-    elif (method == "rtn" and quant.get("bits") == 4 and quant.get("block_size") == 32
-          and quant.get("zero_points", "uint8") == "uint8"
-          and quant.get("embedding", "GatherBlockQuantized") in ("GatherBlockQuantized", "GatherBlockQuantized int4")):
-        name = "int4"
-    else:
+    rtn4 = (method == "rtn" and quant.get("bits") == 4 and quant.get("block_size") == 32
+            and quant.get("zero_points", "uint8") == "uint8" and "head" not in quant
+            and quant.get("embedding", "GatherBlockQuantized") in ("GatherBlockQuantized", "GatherBlockQuantized int4"))
+    if method != "fp32" and not rtn4:
         raise EdgeError(f"{package.root} holds {method} weights ({quant}); a skip-layer self-draft can be added to "
-                        f"fp32 and default int4 (RTN, uint8 zero points) packages only, whose tensors it re-creates "
-                        f"to share them")
+                        f"fp32 and default int4 (RTN, uint8 zero points, --head rtn) packages only, whose tensors it "
+                        f"re-creates to share them")
+    name = "fp32" if method == "fp32" else "int4"
     options, _ = build_options(name, package.tree_attention)
     return dataclasses.replace(options, kernels="edge" if "edge" in package.custom_ops else "stock")
 

@@ -213,22 +213,30 @@ class WeightLayout:
         )
 
 
-def qmatmul_bytes(n_out: int, k_in: int, bits: int = 4, group: int = NBITS_BLOCK, float16_stats: bool = False) -> int:
-    """Bytes of one edge.QMatMul weight (kernels/pack.py): codes, and per group float32 scales and uint8 zero points
-    (float16_stats: a float16 scale and min, the form of a Q4_1 source), columns padded to tiles of 8."""
+# Bytes of one group's statistics in edge.QMatMul: float32 scale and uint8 zero point; float16 scale and min (a Q4_1
+# source); float16 scale and uint8 zero point (a calibrated head, export/quant/head.py)
+STATS_F32_ZERO, STATS_F16_MIN, STATS_F16_ZERO = FLOAT32 + 1, 4, 3
+
+
+def qmatmul_bytes(n_out: int, k_in: int, bits: int = 4, group: int = NBITS_BLOCK,
+                  stat_bytes: int = STATS_F32_ZERO) -> int:
+    """Bytes of one edge.QMatMul weight (kernels/pack.py): codes and `stat_bytes` per group, columns padded to tiles
+    of 8."""
     n_pad, groups = -(-n_out // 8) * 8, -(-k_in // group)
-    return n_pad * groups * group * bits // 8 + n_pad * groups * (4 if float16_stats else FLOAT32 + 1)
+    return n_pad * groups * group * bits // 8 + n_pad * groups * stat_bytes
 
 
 def estimate_layout(config: ModelConfig, quant: str, kernels: str = "stock", paged: bool = False,
-                    float16_stats: bool = False, embedding_bits: int | None = None) -> WeightLayout:
+                    float16_stats: bool = False, embedding_bits: int | None = None,
+                    calibrated_head: bool = False) -> WeightLayout:
     """Weight bytes the exporter writes for `config` in `quant`, tensor by tensor.
 
     In an integer format the linear layers (fused q/k/v, o, fused gate/up, down, an untied lm_head) are MatMulNBits and
     the embedding table is GatherBlockQuantized in the same layout; a tied lm_head reads that table (float: a Gemm on
     the float table). Used when only a config is known, and to split a package's real byte count into layers and the
     rest. It leaves out the external-data file's alignment padding (under 1% for SmolLM2-135M: the int4 package's
-    89,193,957 bytes are estimated as 88.4 MB).
+    89,193,957 bytes are estimated as 88.4 MB). calibrated_head: the head's own 4-bit weights with float16 scales
+    (export/quant/head.py).
     """
     bits = _quant_bits(quant)
     h, inter = config.hidden_size, config.intermediate_size
@@ -237,14 +245,15 @@ def estimate_layout(config: ModelConfig, quant: str, kernels: str = "stock", pag
 
     edge = bool(bits) and kernels == "edge"
 
-    def linear_bytes(n_out: int, k_in: int, stats16: bool = False) -> int:
+    def linear_bytes(n_out: int, k_in: int, stat_bytes: int = STATS_F32_ZERO) -> int:
         if not bits:
             return n_out * k_in * FLOAT_BYTES[quant]
-        return qmatmul_bytes(n_out, k_in, bits, float16_stats=stats16) if edge else matmul_nbits_bytes(n_out, k_in, bits)
+        return qmatmul_bytes(n_out, k_in, bits, stat_bytes=stat_bytes) if edge else matmul_nbits_bytes(n_out, k_in, bits)
 
     # float16_stats: the decoder's edge.QMatMul layers hold a float16 scale and min per group (a Q4_1 source; the
-    # head, re-quantized from the embedding table, keeps float32 statistics)
-    layer_linear = sum(linear_bytes(n, k, float16_stats) for n, k in linears)
+    # head, re-quantized from the embedding table, keeps float32 statistics unless calibrated)
+    layer_linear = sum(linear_bytes(n, k, STATS_F16_MIN if float16_stats else STATS_F32_ZERO) for n, k in linears)
+    head_stats = STATS_F16_ZERO if calibrated_head else STATS_F32_ZERO
     norms = (4 if config.architecture == "gemma3" else 2) * h + (2 * config.head_dim if config.qk_norm else 0)
     bias = (q_width + 2 * kv_width) if config.qkv_bias else 0
     # the table is always in the gather's layout (float, or MatMulNBits' for GatherBlockQuantized), at its own
@@ -255,9 +264,9 @@ def estimate_layout(config: ModelConfig, quant: str, kernels: str = "stock", pag
     # a tied head reads the table itself, except edge.QMatMul, which needs its own copy in its layout
     head_linear = 0
     if not tied:
-        head_linear = linear_bytes(config.vocab_size, h)
+        head_linear = linear_bytes(config.vocab_size, h, head_stats)
     elif edge:
-        head_linear = qmatmul_bytes(config.vocab_size, h, table_bits)
+        head_linear = qmatmul_bytes(config.vocab_size, h, 4 if calibrated_head else table_bits, stat_bytes=head_stats)
     # Prepack: in an integer package every MatMulNBits weight (a tied lm_head reads the table itself once ORT drops
     # the no-op Reshape, as its optimized graph shows); in a float one MLAS packs MatMul weights in place of the
     # originals, but a tied table is packed for the Gemm and kept for the Gather.
@@ -317,6 +326,7 @@ class ModelSpec:
     fused_mlp: bool = False  # act(gate) * up inside edge.QMatMul (its activation attribute): fewer live buffers
     float16_stats: bool = False  # edge.QMatMul layers with float16 (scale, min) per group (estimate_layout)
     embedding_bits: int | None = None  # the table's width when it differs from the linears' (8: a Q8_0 table)
+    calibrated_head: bool = False  # the head's own GPTQ weights, float16 scales (estimate_layout)
 
     @property
     def edge_attention(self) -> bool:
@@ -372,13 +382,14 @@ class ModelSpec:
         record = manifest.get("quantization")
         float16_stats = isinstance(record, dict) and str(record.get("zero_points", "")).startswith("float16")
         embedding_bits = 8 if isinstance(record, dict) and "int8" in str(record.get("embedding", "")) else None
-        layout = estimate_layout(config, quant, kernels, paged, float16_stats, embedding_bits)
+        calibrated_head = isinstance(record, dict) and isinstance(record.get("head"), dict)
+        layout = estimate_layout(config, quant, kernels, paged, float16_stats, embedding_bits, calibrated_head)
         layout = _paged_layout(layout, manifest["paging"], weights) if paged else layout.scaled_to(weights)
         return cls(name=name, config=config, quant=quant, layout=layout, kernels=kernels, paged=paged,
                    has_tokenizer=any(file.endswith("tokenizer.json") for file in sizes),
                    int8_activations=_int8_activations(manifest, quant, kernels),
                    fused_mlp=bool(graph.get("fused_mlp", False)), float16_stats=float16_stats,
-                   embedding_bits=embedding_bits)
+                   embedding_bits=embedding_bits, calibrated_head=calibrated_head)
 
     @classmethod
     def from_package(cls, path: str | Path) -> "ModelSpec":

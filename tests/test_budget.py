@@ -275,7 +275,7 @@ def test_prediction_is_within_10_percent_of_measured_rss(quant):
     spec = ModelSpec.from_package(package)
     assert spec.quant == "int4"
     estimate = estimate_layout(spec.config, "int4", kernels=spec.kernels, float16_stats=spec.float16_stats,
-                               embedding_bits=spec.embedding_bits)
+                               embedding_bits=spec.embedding_bits, calibrated_head=spec.calibrated_head)
     assert estimate.total == pytest.approx(spec.weight_bytes, rel=0.02)
     out = subprocess.run([sys.executable, "-c", MEASURE_ONE_STEP, str(package), "256", "16"], capture_output=True,
                          text=True, check=True, timeout=300)

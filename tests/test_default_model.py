@@ -11,8 +11,9 @@ def test_a_new_export_revision_replaces_the_older_cached_one(monkeypatch, tmp_pa
     monkeypatch.setenv("EDGE_CACHE", str(tmp_path))
     models = tmp_path / "models"
     old = models / "smollm2-135m-instruct-int4-edge"  # revision 1 had no suffix
+    older = models / "smollm2-135m-instruct-int4-edge-r2"
     other = models / "smollm2-135m-instruct-int4-edge-acc0"  # a benchmark's own export: kept
-    for folder in (old, other):
+    for folder in (old, older, other):
         folder.mkdir(parents=True)
         (folder / "manifest.json").write_text("{}")
     exported = []
@@ -29,5 +30,5 @@ def test_a_new_export_revision_replaces_the_older_cached_one(monkeypatch, tmp_pa
     target = default_model.default_package("int4-edge")
     assert target.name == f"smollm2-135m-instruct-int4-edge-r{default_model.EXPORT_REVISIONS['int4-edge']}"
     assert exported == [{**default_model.EXPORTS["int4-edge"], "progress": True}]
-    assert not old.exists() and other.exists()
+    assert not old.exists() and not older.exists() and other.exists()
     assert default_model.default_package("int4-edge") == target and len(exported) == 1  # cached now

@@ -248,6 +248,7 @@ def tiny_int4(tmp_path_factory):
 @pytest.mark.parametrize("window, pinned", [(2, 0), (3, 2)])
 def test_int4_paged_logits_equal_resident_logits(tiny_int4, window, pinned):
     resident, package = tiny_int4
+    assert all(p.manifest["quantization"]["head"]["method"] == "gptq" for p in (resident, package))
     paged_and_resident_steps(package, resident, window, pinned)  # same packed weights, batch-invariant kernel
 
 

@@ -35,7 +35,7 @@ def test_calibrated_package_follows_its_quantized_layers(tmp_path, monkeypatch, 
         ensure_library()
     emb_bits = 8 if method == "spqr" and kernels == "stock" else 4
     out = pipeline.export_model("tiny", tmp_path / "p", quant=method, bits=bits, model=imported, kernels=kernels,
-                                embedding_bits=emb_bits,
+                                embedding_bits=emb_bits, head="rtn",  # the calibrated head: tests/test_head.py
                                 accuracy_level=0)  # fp32 compute: the graph terms themselves are checked exactly
     package = load_package(out)
     q = package.manifest["quantization"]
@@ -145,7 +145,8 @@ def test_edge_kernel_exports_fuse_the_mlp_gate_and_say_so(tmp_path):
     from edge.memory.budget import ModelSpec
 
     model, imported = tiny_llama(seed=4, hidden_size=64, intermediate_size=96)
-    edge = pipeline.export_model("tiny", tmp_path / "edge", quant="int4", model=imported, kernels="edge")
+    edge = pipeline.export_model("tiny", tmp_path / "edge", quant="int4", model=imported, kernels="edge",
+                                 head="rtn")  # the table's head, as the stock graph's
     stock = pipeline.export_model("tiny", tmp_path / "stock", quant="int4", model=imported, accuracy_level=0)
     ops = [n.op_type for n in onnx.load(str(edge / "model.onnx"), load_external_data=False).graph.node]
     assert "Split" not in ops and "Sigmoid" not in ops and "Mul" not in ops

@@ -43,9 +43,13 @@ class GptqResult:
     updated: np.ndarray  # (N, K) the error-compensated weights; at outliers this is the value to keep
 
 
-def minmax_fit(bits: int, float_zero: bool = False) -> GroupFit:
+def minmax_fit(bits: int, float_zero: bool = False, half_scales: bool = False) -> GroupFit:
+    """half_scales: each scale rounded to float16 before the group is quantized, so a kernel storing float16 scales
+    holds the grid the error feedback was computed on (it would be 2^-11 off otherwise)."""
     def fit(w: np.ndarray, d: np.ndarray, g: int) -> GroupGrid:
         scale, zero = minmax_params(w, bits, float_zero=float_zero)
+        if half_scales:
+            scale = np.maximum(scale.astype(np.float16), np.float16(6e-8)).astype(np.float64)
         return GroupGrid(scale, zero)
 
     return fit
@@ -130,11 +134,12 @@ def quantize_gptq(
     damp: float = 0.01,
     lazy_block: int = 32,
     float_zero: bool = False,
+    half_scales: bool = False,
 ) -> QuantizedLinear:
     """Plain GPTQ with a min/max grid per block (fixed before the block's columns are quantized)."""
     check_bits(bits)
     w, u = prepare(w, h, damp)
-    result = gptq_core(w, u, bits, block_size, minmax_fit(bits, float_zero), lazy_block)
+    result = gptq_core(w, u, bits, block_size, minmax_fit(bits, float_zero, half_scales), lazy_block)
     return QuantizedLinear.from_float_zeros(
         result.codes, result.scales, result.zeros, bits, min(block_size, w.shape[1]), method="gptq"
     )
