@@ -34,7 +34,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the output head's quantization: gptq (calibrated on the float model's final hidden states, "
                         "same bits and speed; SmolLM2's perplexity loss +8.8%% -> +2.0%%) or rtn. Default: gptq where "
                         "the head has weights of its own (untied, or tied with --kernels edge) below 8 bits, on "
-                        "Llama-style models; rtn otherwise and with --self-draft")
+                        "Llama-style and Gemma 3 models; rtn otherwise and with --self-draft")
     p.add_argument("--kernels", choices=["stock", "edge"], default="stock",
                    help="stock: onnxruntime's MatMulNBits and GroupQueryAttention; edge: edge.QMatMul and "
                         "edge.Attention from kernels/ (batch-invariant, so speculative decoding stays exact on "

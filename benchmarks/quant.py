@@ -1,6 +1,6 @@
 """Quantized exports of the default model against the float model: bits per weight, size, perplexity, export time.
 
-    python benchmarks/quant.py [--eval-tokens 4096] [--only spqr3,decoupleq2]
+    python benchmarks/quant.py [--eval-tokens 4096] [--only spqr3,decoupleq2] [--model gemma3]
 
 Perplexity runs through edge's own runtime on the evaluation split of the calibration text (CPython's
 pydoc_data.topics, every third topic; calibration never sees it), windows of 1,024 tokens. The peer is onnxruntime's
@@ -49,10 +49,20 @@ VARIANTS = {
 }
 
 
+MODEL = "smollm2"  # --model: the source GGUF (smollm2, the default model; gemma3, Gemma 3 270M Q4_K_M)
+
+
 def out_dir() -> Path:
     from edge.default_model import cache_dir
 
-    return cache_dir() / "bench" / "quant"
+    return cache_dir() / "bench" / "quant" / ("" if MODEL == "smollm2" else MODEL)
+
+
+def source_gguf() -> Path:
+    from edge.default_model import default_gguf
+    from edge.export.gguf import fetch_gemma3
+
+    return fetch_gemma3() if MODEL == "gemma3" else default_gguf()
 
 
 def export(name: str, spec: dict, imported, fp32_dir: Path) -> tuple[Path, float]:
@@ -64,12 +74,12 @@ def export(name: str, spec: dict, imported, fp32_dir: Path) -> tuple[Path, float
     if spec.get("peer"):
         peer_quantize(fp32_dir, target)
     elif spec["quant"] == "rtn2":
-        export_model("smollm2", target, quant="int4", model=imported, quantizer=rtn_2bit(rtn_quantizer))
+        export_model(MODEL, target, quant="int4", model=imported, quantizer=rtn_2bit(rtn_quantizer))
     else:
         extra = {key: spec[key] for key in ("zeros", "embedding_bits", "kernels", "group_size", "stat_bits",
                                             "accuracy_level", "head")
                  if key in spec}
-        export_model("smollm2", target, quant=spec["quant"], bits=spec.get("bits"), model=imported, progress=True,
+        export_model(MODEL, target, quant=spec["quant"], bits=spec.get("bits"), model=imported, progress=True,
                      **extra)
     return target, time.perf_counter() - start
 
@@ -134,7 +144,7 @@ def decode_speed(package, runs: int = 3) -> float:
 
 
 def main() -> None:
-    from edge.default_model import default_gguf
+    global MODEL
     from edge.export.evaluate import perplexity
     from edge.export.gguf import load_gguf
     from edge.export.quant.calibration_text import corpus
@@ -144,8 +154,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--eval-tokens", type=int, default=4096)
     p.add_argument("--only", help="comma-separated variant names (default: all)")
+    p.add_argument("--model", choices=["smollm2", "gemma3"], default=MODEL,
+                   help="source model (gemma3: the calibrated variants need a Llama-style model)")
     args = p.parse_args()
-    imported = load_gguf(default_gguf())
+    MODEL = args.model
+    imported = load_gguf(source_gguf())
     ids = Tokenizer(imported.tokenizer_json).encode(corpus("evaluation")[0], add_special_tokens=False)
     ids = ids[: args.eval_tokens]
     chosen = [v for v in VARIANTS if not args.only or v in args.only.split(",")]
@@ -171,9 +184,10 @@ def main() -> None:
     print(table)
     results = Path(__file__).parent / "results"
     results.mkdir(exist_ok=True)
-    command = f"python benchmarks/quant.py --eval-tokens {args.eval_tokens}"
+    command = f"python benchmarks/quant.py --eval-tokens {args.eval_tokens}" + (
+        f" --model {MODEL}" if MODEL != "smollm2" else "")
     text = f"perplexity on {len(ids)} evaluation tokens, windows of 1,024.\n\n{table}\n"
-    if args.only:  # a few rows: added to the full table's file, not replacing it
+    if args.only or MODEL != "smollm2":  # added to the (SmolLM2) full table's file, not replacing it
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         with open(results / "quant.md", "a") as f:
             f.write(f"\n`{command} --only '{args.only}'` ({when}); {text}")

@@ -130,8 +130,8 @@ def choose_head(head: str | None, imported: ImportedModel, quant: str, kernels: 
     """How the output head is quantized: "gptq" (its own weights, calibrated: export/quant/head.py) or "rtn" (tied:
     it reads the table; untied: as a linear layer). Checked before any calibration runs.
 
-    head=None picks GPTQ wherever it applies and pays: a quantized Llama-style model whose head holds weights of its
-    own at run time (untied, or tied on edge.QMatMul) at fewer than 8 bits (an 8-bit table is already lossless
+    head=None picks GPTQ wherever it applies and pays: a quantized Llama-style or Gemma 3 model whose head holds
+    weights of its own at run time (untied, or tied on edge.QMatMul) at fewer than 8 bits (an 8-bit table is already lossless
     for a Q8_0 source). "gptq" where it cannot apply is an error that says why."""
     from edge.export.quant.head import HEAD_METHODS, supports_calibrated_head
 
@@ -146,7 +146,7 @@ def choose_head(head: str | None, imported: ImportedModel, quant: str, kernels: 
         raise QuantizationError("a tied head on stock ops reads the embedding table itself, so it cannot be quantized "
                                 "on its own: add --kernels edge, or use --head rtn")
     if head == "gptq" and not supports_calibrated_head(imported):
-        raise QuantizationError(f"a calibrated (gptq) head needs a Llama-style model, not "
+        raise QuantizationError(f"a calibrated (gptq) head needs a Llama-style or Gemma 3 model, not "
                                 f"{imported.config.architecture!r}; export with --head rtn")
     return head
 

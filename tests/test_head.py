@@ -52,16 +52,35 @@ def exported_heads(monkeypatch) -> list:
     return made
 
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_export_computes_with_the_calibrated_head(tmp_path, monkeypatch, tie):
-    """The default for a quantized Llama-style model whose head has weights of its own: tied on edge.QMatMul (its
-    own copy; the gather keeps the table's), or untied on stock MatMulNBits. The graph's logits are the model's with
-    that head."""
+def test_gemma3_calibration_forward_matches_transformers(tmp_path):
+    """The numpy forward the head's Hessian comes from, on Gemma 3: sequences longer than the sliding window, q/k
+    norms, the four norms per layer, GELU and both rope bases; its final hidden states give transformers' logits."""
+    from edge.export.quant.calibrate import CALIBRATORS, rms_norm
+
+    model, imported = tiny_gemma3(tmp_path)
+    ids = [int(t) for t in np.random.default_rng(5).integers(0, 96, 20)]  # window 8
+    calibrator = CALIBRATORS["gemma3"](imported, np.array([ids]), lambda name, w, h: None, hessians=False)
+    for i in range(imported.config.num_layers):
+        calibrator.layer(i)
+    cfg = imported.config
+    hidden = rms_norm(calibrator.hidden[0], imported.tensors["model.norm.weight"], cfg.rms_norm_eps)
+    logits = hidden @ np.asarray(imported.tensors["model.embed_tokens.weight"], np.float32).T
+    assert max_rel_error(logits, reference_logits(model, ids)) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama-tied", "llama-untied", "gemma3"])
+def test_export_computes_with_the_calibrated_head(tmp_path, monkeypatch, arch):
+    """The default for a quantized Llama-style or Gemma 3 model whose head has weights of its own: tied on
+    edge.QMatMul (its own copy; the gather keeps the table's), or untied on stock MatMulNBits. The graph's logits are
+    the model's with that head."""
     import torch
 
     made = exported_heads(monkeypatch)
-    model, imported = tiny_llama(seed=1, tie=tie, hidden_size=128, intermediate_size=256)
-    kernels = "edge" if tie else "stock"
+    if arch == "gemma3":
+        model, imported = tiny_gemma3(tmp_path)
+    else:
+        model, imported = tiny_llama(seed=1, tie=arch == "llama-tied", hidden_size=128, intermediate_size=256)
+    kernels = "stock" if arch == "llama-untied" else "edge"
     if kernels == "edge":
         from kernels_util import ensure_library
         ensure_library()
@@ -77,8 +96,8 @@ def test_export_computes_with_the_calibrated_head(tmp_path, monkeypatch, tie):
             elif name.endswith("_proj.weight"):
                 p.copy_(torch.from_numpy(quantize_rtn(p.detach().numpy(), 4, 32).dequantize()))
         model.lm_head.weight = torch.nn.Parameter(torch.from_numpy(made[0].dequantize()))  # unties a tied head
-    ids = [int(t) for t in np.random.default_rng(0).integers(0, 96, 10)]
-    logits = Decoder(load_package(out), context_length=32, threads=1).step(ids, logits_rows=list(range(10)))
+    ids = [int(t) for t in np.random.default_rng(0).integers(0, 96, 12)]
+    logits = Decoder(load_package(out), context_length=32, threads=1).step(ids, logits_rows=list(range(12)))
     assert max_rel_error(logits, reference_logits(model, ids)) < 1e-4
 
 
@@ -100,10 +119,13 @@ def test_head_choice_defaults_and_errors(tmp_path, monkeypatch):
     assert not any(p.exists() for p in (tmp_path / "b", tmp_path / "c", tmp_path / "d"))
 
 
-def test_gemma_head_needs_the_llama_calibrator(tmp_path):
-    _, imported = tiny_gemma3(tmp_path)
+def test_an_architecture_without_a_calibrator_keeps_the_tables_head(tmp_path, monkeypatch):
+    from edge.export.quant import calibrate
+
+    monkeypatch.delitem(calibrate.CALIBRATORS, "llama")
+    _, imported = tiny_llama(seed=2)
     assert not head_quant.supports_calibrated_head(imported)
-    with pytest.raises(QuantizationError, match="Llama-style"):
+    with pytest.raises(QuantizationError, match="Llama-style or Gemma 3"):
         pipeline.export_model("tiny", tmp_path / "g", quant="int4", model=imported, kernels="edge", head="gptq")
     out = pipeline.export_model("tiny", tmp_path / "h", quant="int4", model=imported, kernels="edge")
     assert "head" not in load_package(out).manifest["quantization"]  # the default falls back to the table's
@@ -119,3 +141,15 @@ def test_a_calibrated_head_is_refused_by_the_skip_layer_self_draft(tmp_path):
         package_build_options(load_package(out))
     out = pipeline.export_model("tiny", tmp_path / "q", quant="int4", model=imported, head="rtn")
     package_build_options(load_package(out))  # accepted
+
+
+def test_inputs_the_calibration_never_reached_keep_their_weights():
+    """GPTQ zeroes such columns; the head's must come out as round-to-nearest does (here: every input dead)."""
+    from edge.export.quant.gptq import quantize_gptq
+
+    w = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+    h = np.zeros((64, 64))
+    rtn = quantize_rtn(w, 4, 32)
+    revived = quantize_gptq(w, head_quant.revive_dead_inputs(h), 4, 32)
+    assert np.abs(quantize_gptq(w, h, 4, 32).dequantize()).max() == 0  # what GPTQ alone would do
+    assert np.allclose(revived.dequantize(), rtn.dequantize(), atol=1e-6)

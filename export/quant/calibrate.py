@@ -35,14 +35,20 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * (0.5 + 0.5 * np.tanh(0.5 * x))
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
 class LlamaCalibrator:
     """Holds the running hidden states (sequences, tokens, hidden) and walks the layers once."""
+
+    architecture = "llama"
 
     def __init__(
         self, model: ImportedModel, tokens: np.ndarray, quantize: LinearQuantizer, batch: int = 8, hessians: bool = True
     ):
         cfg = model.config
-        if cfg.architecture != "llama":
+        if cfg.architecture != self.architecture:
             raise QuantizationError(
                 f"calibrated quantization supports Llama-style models, not {cfg.architecture!r}; use --quant int4"
             )
@@ -53,8 +59,11 @@ class LlamaCalibrator:
         self.hessians = hessians  # False: a plain reference forward (quantize gets h=None), e.g. for evaluation
         self.results: dict[str, QuantizedLinear] = {}
         self.hidden = (self.t["model.embed_tokens.weight"][tokens] * cfg.embedding_scale).astype(np.float32)
-        angles = np.outer(np.arange(tokens.shape[1]), rope_inv_freq(cfg, cfg.rope_theta))
-        self.cos, self.sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        self.cos, self.sin = self.rope(cfg.rope_theta, tokens.shape[1])
+
+    def rope(self, base: float, length: int, is_global: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        angles = np.outer(np.arange(length), rope_inv_freq(self.cfg, base, is_global))
+        return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
     def _quantized(self, names: list[str], x: np.ndarray) -> list[np.ndarray]:
         """Quantize the weights `names` that all read input x; return the weights to propagate with."""
@@ -84,9 +93,10 @@ class LlamaCalibrator:
         cos, sin = self.cos[None, :, None, :], self.sin[None, :, None, :]
         return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Causal grouped-query attention; the query heads sharing a KV head are stacked along the token axis so each
-        product is one contiguous batched GEMM (numpy falls back to slow loops on strided operands)."""
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int | None = None) -> np.ndarray:
+        """Causal grouped-query attention (a query sees the `window` latest keys when given); the query heads sharing a
+        KV head are stacked along the token axis so each product is one contiguous batched GEMM (numpy falls back to
+        slow loops on strided operands)."""
         cfg = self.cfg
         s, n = q.shape[:2]
         kv, rep, d = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
@@ -95,6 +105,8 @@ class LlamaCalibrator:
         v = v.reshape(s, n, kv, d)
         scale = cfg.query_scale or d**-0.5
         causal = np.triu(np.full((n, n), -np.inf, dtype=np.float32), 1)
+        if window is not None:
+            causal += np.tril(np.full((n, n), -np.inf, dtype=np.float32), -window)
         out = np.empty((s, n, kv, rep, d), dtype=np.float32)
         for b in range(0, s, self.batch):
             m = min(self.batch, s - b)
@@ -134,6 +146,37 @@ class LlamaCalibrator:
         name = "lm_head.weight" if "lm_head.weight" in self.t else "model.embed_tokens.weight"
         (w,) = self._quantized([name], x)
         return w
+
+
+class Gemma3Calibrator(LlamaCalibrator):
+    """Gemma 3's layer: q/k normalised per head, norms after attention and around the MLP, GELU-tanh gate, and the
+    sliding layers attending a window of keys with their own rope base."""
+
+    architecture = "gemma3"
+
+    def layer(self, i: int) -> None:
+        cfg, p = self.cfg, f"model.layers.{i}."
+        local = cfg.is_sliding_layer(i)
+        base = cfg.rope_local_theta if local and cfg.rope_local_theta else cfg.rope_theta
+        self.cos, self.sin = self.rope(base, self.hidden.shape[1], is_global=base == cfg.rope_theta)
+        x = rms_norm(self.hidden, self.t[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+        wq, wk, wv = self._quantized([p + f"self_attn.{m}_proj.weight" for m in "qkv"], x)
+        q, k = (self.head_norm(x @ w.T, self.t[p + f"self_attn.{m}_norm.weight"]) for w, m in ((wq, "q"), (wk, "k")))
+        attn = self.attention(q, k, x @ wv.T, cfg.sliding_window if local else None)
+        (wo,) = self._quantized([p + "self_attn.o_proj.weight"], attn)
+        self.hidden += rms_norm(attn @ wo.T, self.t[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+        x = rms_norm(self.hidden, self.t[p + "pre_feedforward_layernorm.weight"], cfg.rms_norm_eps)
+        wg, wu = self._quantized([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], x)
+        act = (gelu_tanh(x @ wg.T) * (x @ wu.T)).astype(np.float32)
+        (wd,) = self._quantized([p + "mlp.down_proj.weight"], act)
+        self.hidden += rms_norm(act @ wd.T, self.t[p + "post_feedforward_layernorm.weight"], cfg.rms_norm_eps)
+
+    def head_norm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        d = self.cfg.head_dim
+        return rms_norm(x.reshape(*x.shape[:-1], -1, d), weight, self.cfg.rms_norm_eps).reshape(x.shape)
+
+
+CALIBRATORS = {c.architecture: c for c in (LlamaCalibrator, Gemma3Calibrator)}
 
 
 def calibrate_and_quantize(
