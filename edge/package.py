@@ -75,6 +75,11 @@ class Package:
         """The skip-layer self-draft's record (file, kept layers, how they were chosen), if the package has one."""
         return self.manifest["graph"].get("self_draft")
 
+    @property
+    def draft_head(self) -> dict[str, Any] | None:
+        """The trained draft head's record (file, depth, vocabulary size, training), if the package has one."""
+        return self.manifest["graph"].get("draft_head")
+
     def graph_view(self, file: str, layers: int) -> Package:
         """Another graph of this folder, over the same weights and tokenizer, with `layers` cache layers: the
         runtime's Decoder runs it as a model of its own."""
@@ -148,12 +153,13 @@ def _check_external_data(package: Package) -> None:
     import onnx
 
     graphs = [package.graph_path]
-    if package.self_draft is not None:
-        draft = package.self_draft["file"]
-        if draft not in package.manifest["files"]:
-            raise PackageError(f"the manifest of {package.root} names the self-draft {draft!r} but has no size and "
-                               f"sha256 for it; re-export the package")
-        graphs.append(package.root / draft)
+    for what, record in (("self-draft", package.self_draft), ("draft head", package.draft_head)):
+        if record is None:
+            continue
+        if record["file"] not in package.manifest["files"]:
+            raise PackageError(f"the manifest of {package.root} names the {what} {record['file']!r} but has no "
+                               f"size and sha256 for it; re-export the package")
+        graphs.append(package.root / record["file"])
     root = package.root.resolve()
     for graph in graphs:
         try:

@@ -469,6 +469,8 @@ class DecoderBuilder:
         rows = self.g.node("Reshape", [hidden, self.const("hidden.flat", [-1, cfg.hidden_size])])[0]
         picked = self.g.node("Gather", [rows, "logits_index"], axis=0)[0]
         self.g.nodes.append(helper.make_node("Identity", [head(picked)], ["logits"], name="logits"))
+        # the rows the head read: what a draft head (export/draft_head.py) continues from
+        self.g.nodes.append(helper.make_node("Identity", [picked], ["hidden"], name="hidden"))
         progress(1)
         return self.model()
 
@@ -484,7 +486,8 @@ class DecoderBuilder:
         ]
         if self.opt.tree_attention:
             inputs.append(helper.make_tensor_value_info("attention_bias", f32, [1, 1, "seq", "total"]))
-        outputs = [helper.make_tensor_value_info("logits", f32, ["rows", cfg.vocab_size])]
+        outputs = [helper.make_tensor_value_info("logits", f32, ["rows", cfg.vocab_size]),
+                   helper.make_tensor_value_info("hidden", f32, ["rows", cfg.hidden_size])]
         for i in range(len(self.kept_layers())):
             for kind in ("key", "value"):
                 inputs.append(helper.make_tensor_value_info(f"past_{kind}.{i}", f32, cache))

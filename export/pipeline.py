@@ -170,14 +170,16 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
                  tree_attention: bool = True, overwrite: bool = False, progress: bool = False,
                  model: ImportedModel | None = None, bits: int | None = None, group_size: int | None = None,
                  zeros: str | None = None, embedding_bits: int | None = None, stat_bits: int | None = None,
-                 head: str | None = None, **build_overrides: Any) -> Path:
+                 head: str | None = None, draft_head: str | os.PathLike | None = None,
+                 **build_overrides: Any) -> Path:
     """Export `source` (a GGUF file or a Hugging Face folder) into the package folder `out_dir`.
 
     bits/group_size apply to the calibrated methods (spqr: 3 or 4 bits, groups of 16; decoupleq: 2-4 bits, groups
     of 64; stat_bits: the width of SpQR's quantized scales and zeros, default 3). zeros ("integer" | "float")
     picks the zero points (int4 default integer; see build_options), embedding_bits (4 or 8) the width of the
     gathered embedding / tied head, head ("rtn" | "gptq"; default: gptq where it applies, see choose_head) the
-    output head's own quantization. build_overrides replace BuildOptions fields (e.g. fuse_projections=False) for
+    output head's own quantization, draft_head a trained draft head's weights (.npz, export/draft_head.py) to
+    build beside the model. build_overrides replace BuildOptions fields (e.g. fuse_projections=False) for
     experiments and benchmarks.
     """
     if zeros is not None and zeros not in ZERO_POINTS:
@@ -193,6 +195,12 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
 
         model = load_model(source)
     imported = model
+    head_weights = None
+    if draft_head is not None:
+        from edge.export.draft_head import DraftHeadWeights
+
+        head_weights = DraftHeadWeights.load(draft_head)
+        head_weights.check(imported.config, imported.tokenizer_json)
     head = choose_head(head, imported, quant, build_overrides.get("kernels", "stock"),
                        table_bits(quant, zeros, embedding_bits))
     if quant in CALIBRATED:
@@ -211,6 +219,16 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
     bar = _progress_bar(build_steps(cfg), f"exporting {Path(source).name} ({quant})", progress)
     with atomic_package_dir(Path(out_dir), overwrite=overwrite) as tmp:
         build_decoder(cfg, imported.tensors, tmp, options, progress=bar.update)
+        graph_extras = {}
+        if head_weights is not None:
+            from edge.export.draft_head import build_draft_head, manifest_entry
+
+            # round-to-nearest in the package's weight form, kept out of the model's bits-per-weight tally (a
+            # calibrated method has no statistics for the head's layers)
+            rtn = None if options.quantizer is None else rtn_quantizer(4, 32, float_zero=options.kernels == "edge")
+            build_draft_head(cfg, imported.tensors, head_weights, tmp,
+                             dataclasses.replace(options, quantizer=rtn, layers=None))
+            graph_extras["draft_head"] = manifest_entry(head_weights)
         if quant == "int4" and hasattr(options.quantizer, "tally"):
             quant_info.update(options.quantizer.tally.record())
         if options.kernels == "edge" and "runtime_bits_per_weight" in quant_info:
@@ -223,7 +241,7 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
             "config": cfg.to_dict(),
             "graph": {"file": "model.onnx", "data": "model.onnx.data", "tree_attention": tree_attention,
                       "kv_dtype": "float32", "custom_ops": ["edge"] if options.kernels == "edge" else [],
-                      "accuracy_level": options.accuracy_level, "fused_mlp": has_fused_mlp(tmp / "model.onnx")},
+                      "accuracy_level": options.accuracy_level, "fused_mlp": has_fused_mlp(tmp / "model.onnx"), **graph_extras},
             "quantization": quant_info,
             "tokenizer": {"file": "tokenizer.json", **vars(imported.special_tokens)},
             "chat_template": imported.chat_template,

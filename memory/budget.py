@@ -371,12 +371,15 @@ class ModelSpec:
             except (TypeError, ValueError) as exc:
                 raise BudgetError(f"the manifest's config is not a model config ({exc}): re-export the package") from exc
         sizes = _file_sizes(manifest["files"])
-        weights = sum(size for file, size in sizes.items() if file.endswith((".onnx", ".onnx.data")))
+        graph = manifest.get("graph") if isinstance(manifest.get("graph"), dict) else {}
+        # a draft head's graph is loaded only by the drafter that uses it (~8 MB for SmolLM2's): not the model's
+        head = graph.get("draft_head", {}).get("file") if isinstance(graph.get("draft_head"), dict) else None
+        weights = sum(size for file, size in sizes.items()
+                      if file.endswith((".onnx", ".onnx.data")) and not (head and file.startswith(head)))
         if weights <= 0:
             raise BudgetError("the package manifest lists no .onnx or .onnx.data file: re-export the package")
         quant = _manifest_quant(manifest.get("quantization", manifest.get("quant"))) or _infer_quant(config, weights)
         name = name or manifest.get("name") or "model"
-        graph = manifest.get("graph") if isinstance(manifest.get("graph"), dict) else {}
         kernels = "edge" if "edge" in graph.get("custom_ops", []) else "stock"
         paged = bool(manifest.get("paging"))
         record = manifest.get("quantization")

@@ -20,7 +20,7 @@ def test_a_new_export_revision_replaces_the_older_cached_one(monkeypatch, tmp_pa
 
     def fake_export(source, target, **options):
         target.mkdir(parents=True)
-        (target / "manifest.json").write_text(json.dumps(options))
+        (target / "manifest.json").write_text(json.dumps(options, default=str))
         exported.append(options)
 
     import edge.export.pipeline as pipeline

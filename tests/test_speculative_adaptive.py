@@ -42,6 +42,21 @@ def test_expensive_verification_and_poor_acceptance_switch_off_then_probe_less_a
     assert policy.depth() > 0 and policy.probe_interval == 0  # drafting again; a later loss probes every 4 again
 
 
+def test_a_probe_the_drafter_declines_is_not_spent():
+    """A draft head unsure of its first guess proposes nothing: that probe learned nothing, so it neither counts as
+    a loss (the interval does not double) nor waits a whole interval to come again."""
+    policy = AdaptiveDepth(STEEP, chain, max_depth=8, probe_every=4)
+    for _ in range(20):
+        policy.update(4, 0, 0.0)
+    assert [policy.depth() for _ in range(4)] == [0, 0, 0, 1]
+    policy.declined()
+    assert policy.depth() == 1  # probes again at once
+    policy.declined()
+    assert policy.depth() == 1
+    policy.update(1, 0, 0.0)  # a probe that drafted and lost: now the interval doubles
+    assert [policy.depth() for _ in range(8)] == [0] * 7 + [1]
+
+
 def test_acceptance_estimate_follows_recent_outcomes():
     policy = AdaptiveDepth(STEEP, chain)
     for _ in range(30):

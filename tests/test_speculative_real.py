@@ -83,7 +83,7 @@ def test_greedy_speculation_equals_plain_greedy_on_20_prompts(setup, kind):
     assert accepted > 0
 
 
-@pytest.mark.parametrize("kind", ["prompt-lookup", "recycling"])
+@pytest.mark.parametrize("kind", ["prompt-lookup", "recycling", "head"])
 def test_the_default_int4_package_on_edge_kernels_is_exact_too(kind):
     """int4 with int8 activations (edge.QMatMul level 4) and edge.Attention: every verify row is bitwise a one-token
     step's, so speculation is lossless on quantized weights (on stock MatMulNBits + GroupQueryAttention near-ties
@@ -98,8 +98,9 @@ def test_the_default_int4_package_on_edge_kernels_is_exact_too(kind):
         pytest.skip("kernel library not built")
     engine = Engine(load_package(default_package("int4-edge"), verify=False), threads=2)
     expected = [generated_ids(engine, p) for p in PROMPTS]
-    engine.speculator = make_speculator(kind, engine, draft_length=4 if kind == "prompt-lookup" else 2)
+    engine.speculator = make_speculator(kind, engine, draft_length={"prompt-lookup": 4, "head": 3}.get(kind, 2))
     got = [generated_ids(engine, p) for p in PROMPTS]
     differing = [i for i, (a, b) in enumerate(zip(got, expected)) if a[:2] != b[:2]]
     assert not differing, f"{kind}: output differs from plain greedy on prompts {differing}"
-    assert sum(g[2] for g in got) > 0
+    # the trained draft head guesses the open questions too (offline: half its first guesses are right)
+    assert sum(g[2] for g in got) > (len(PROMPTS) * 3 if kind == "head" else 0)

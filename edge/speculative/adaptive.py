@@ -214,8 +214,11 @@ class AdaptiveDepth:
         return float(self.rates()[0])
 
     def plain_seconds(self) -> float:
-        """What a plain 1-token step costs now."""
-        return self.curve(1) * self.plain.ratio
+        """What a plain 1-token step costs now. Until one is seen, as fast as the verify calls against the curve:
+        a generation whose first steps all draft would otherwise compare its verify calls, slowed by whatever
+        slows the machine now, with plain steps at the curve's cached pace (measured: a draft head switched off
+        after its first draft, 1.78x the curve against an assumed 1.00, while plain steps ran at 1.62x)."""
+        return self.curve(1) * (self.plain.ratio if self.plain.observed else self.verify_pace())
 
     def verify_pace(self) -> float:
         """The pace of this drafter's verify calls; until one is seen, the plain steps' (nothing known is added)."""
@@ -265,6 +268,13 @@ class AdaptiveDepth:
             self.off, self.probing, self.probe_interval = False, True, min(2 * interval, self.max_probe_every)
             return 1  # the next call decides, with the probe's outcome, whether drafting stays on
         return 0
+
+    def declined(self) -> None:
+        """The drafter proposed nothing at the depth given (a draft head unsure of its first guess). A probe that
+        learned nothing is not spent: the next step probes again, at the interval it was given."""
+        if self.probing:
+            self.off, self.probing = True, False
+            self.off_steps = self.probe_interval = max(self.probe_interval // 2, self.probe_every)
 
     def update(self, depth: int, accepted: int, draft_seconds: float, verify_seconds: float | None = None,
                rows: int = 1, catch_up_seconds: float = 0.0) -> None:

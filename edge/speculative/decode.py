@@ -108,6 +108,8 @@ class Speculator:
             draft = draft.truncated(depth) if draft is not None else drafter.propose(context, depth)
             if len(draft):
                 return drafter, draft, policy, time.perf_counter() - start
+            if isinstance(policy, AdaptiveDepth):
+                policy.declined()
         return None, Draft(), None, time.perf_counter() - start
 
     def _observe(self, tokens: list[int], rows: np.ndarray, path: list[int]) -> None:
@@ -126,6 +128,13 @@ class Speculator:
         seen = rows[:len(path)] if path[-1] == len(path) - 1 else rows[path]
         for d in learners:
             d.observe([tokens[i] for i in path], seen)
+
+    def _follow(self, decoder: Decoder, row: int) -> None:
+        """Hand a draft head the hidden row behind the next root's logits (the verify row it was chosen from)."""
+        for d in self.drafters:
+            if d.follows_hidden:
+                hidden = getattr(decoder, "hidden", None)  # a paged decoder has none
+                d.follow(None if hidden is None else hidden[row])
 
     def _waiting(self, drafter: Drafter) -> bool:
         """Switched off by its adaptive policy until the next probe (cheap: runs every step)."""
@@ -151,6 +160,7 @@ class Speculator:
             d.prepare(params)
             if not self._switched_off(d):
                 d.begin(history)
+        self._follow(decoder, -1)  # `logits` are the last row of the step before (the prompt's)
         stats.draft_seconds += time.perf_counter() - start
         margin = self._margin(decoder) if params.greedy else 0.0
         base, yielded = len(history), 0
@@ -175,6 +185,8 @@ class Speculator:
                     verdict = accept_sampled(draft, rows, params, sampler.rng)
                 path = verdict.path if verdict.next_token is not None else verdict.path[:-1]
                 self._observe(tokens, rows, path)
+                if path:  # empty: a near-tie at the root itself, re-decided by the 1-token step that follows
+                    self._follow(decoder, path[-1])
                 decoder.cache.keep(past, path)
                 history.extend(tokens[i] for i in path)
                 verify_seconds = time.perf_counter() - start

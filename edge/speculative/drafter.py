@@ -81,6 +81,7 @@ class Drafter:
     # covers the whole time drafting was off, only spaces the next probe.
     catch_up_seconds: float = 0.0
     learns = False  # whether observe() wants the target's logits (token recycling): they are only passed if so
+    follows_hidden = False  # whether follow() wants the target's hidden row behind each root (a draft head)
 
     def propose(self, context: list[int], depth: int) -> Draft:
         """A draft of at most `depth` levels continuing `context` (the prompt, the output so far and the root)."""
@@ -92,6 +93,9 @@ class Drafter:
 
     def observe(self, tokens: list[int], logits: np.ndarray) -> None:
         """See the target's logits for `tokens` (one row each) after a verify call. Most drafters ignore it."""
+
+    def follow(self, hidden: np.ndarray | None) -> None:
+        """See the target's final hidden row behind the logits the next root comes from (None: none known)."""
 
     def prepare(self, params: SamplingParams) -> None:
         """Called before a generation with its sampling settings (a draft model samples under the same ones)."""

@@ -7,12 +7,13 @@ import os
 from edge.errors import EdgeError
 from edge.package import load_package
 from edge.speculative.decode import Speculator
+from edge.speculative.draft_head import DraftHead
 from edge.speculative.draft_model import DraftModel, check_compatible
 from edge.speculative.layer_skip import LayerSkipDraft
 from edge.speculative.prompt_lookup import PromptLookup
 from edge.speculative.token_recycling import TokenRecycling
 
-NAMES = ("prompt-lookup", "recycling", "auto", "skip", "lookup+skip")
+NAMES = ("prompt-lookup", "recycling", "head", "lookup+head", "auto", "skip", "lookup+skip")
 
 
 def verify_rows(spec) -> int:
@@ -22,11 +23,14 @@ def verify_rows(spec) -> int:
         return 1 + Speculator([PromptLookup()]).max_depth
     if spec in ("recycling", "auto"):
         return 1 + TokenRecycling(1).max_nodes
+    if spec in ("head", "lookup+head"):
+        return 1 + Speculator([PromptLookup()]).max_depth
     return 0
 
 
 def make_speculator(spec: str, engine, draft_length: int | None = None) -> Speculator:
-    """`spec`: prompt-lookup, recycling, auto (prompt lookup, else recycling), skip (the package's skip-layer
+    """`spec`: prompt-lookup, recycling, head (the package's trained draft head), lookup+head (prompt lookup, else
+    the head), auto (prompt lookup, else recycling), skip (the package's skip-layer
     self-draft), lookup+skip (prompt lookup, else the self-draft), or a draft package's path (prompt lookup, else
     the draft model)."""
     package = engine.package
@@ -39,6 +43,8 @@ def make_speculator(spec: str, engine, draft_length: int | None = None) -> Specu
         drafters = [PromptLookup()]
     elif spec == "recycling":
         drafters = [TokenRecycling(vocab)]
+    elif spec in ("head", "lookup+head"):
+        drafters = [DraftHead(package)] if spec == "head" else [PromptLookup(), DraftHead(package)]
     elif spec == "auto":
         drafters = [PromptLookup(), TokenRecycling(vocab)]
     elif spec in ("skip", "lookup+skip"):
