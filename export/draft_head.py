@@ -10,8 +10,9 @@ token the target just chose, guesses the token after that. Each step:
 starting from s = the hidden row behind the root's logits. E[V] are the target's own embedding rows for the
 head's vocabulary V (the tokens its training answers used, a few thousand of 49k), so only W1, W2 and the two norm
 weights are trained (export/draft_head_train.py, self-distilled from the model's own greedy answers). The head
-is one step of draft_head.onnx, beside the target's graph, quantized like the target's linears; a
-root outside V gets no draft. The weights file is .npz (no pickle), tied to its model by the tokenizer's sha256.
+is one step of draft_head.onnx, beside the target's graph, its linears quantized like the target's (round to
+nearest); a root outside V reads a zero embedding. The weights file is .npz (no pickle), tied to its model by the
+tokenizer's sha256.
 """
 
 from __future__ import annotations

@@ -31,10 +31,13 @@ def private_cache(tmp_path, monkeypatch):
 def random_weights(imported, vocab: np.ndarray, ffn: int = 48, seed: int = 0) -> DraftHeadWeights:
     rng = np.random.default_rng(seed)
     d = imported.config.hidden_size
+
+    def normal(*shape, scale=0.3, dtype=np.float16):
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
     return DraftHeadWeights(
-        (rng.standard_normal((ffn, 2 * d)) * 0.3).astype(np.float16), (rng.standard_normal(ffn) * 0.1).astype(np.float16),
-        (rng.standard_normal((d, ffn)) * 0.3).astype(np.float16), (rng.standard_normal(d) * 0.1).astype(np.float16),
-        (1 + 0.2 * rng.standard_normal(d)).astype(np.float32), (1 + 0.2 * rng.standard_normal(d)).astype(np.float32),
+        normal(ffn, 2 * d), normal(ffn, scale=0.1), normal(d, ffn), normal(d, scale=0.1),
+        1 + normal(d, scale=0.2, dtype=np.float32), 1 + normal(d, scale=0.2, dtype=np.float32),
         vocab.astype(np.int32),
         {"depth": 3, "eps": 1e-5, "tokenizer_sha256": tokenizer_sha256(imported.tokenizer_json)})
 
