@@ -19,12 +19,10 @@ NAMES = ("prompt-lookup", "recycling", "head", "lookup+head", "auto", "skip", "l
 def verify_rows(spec) -> int:
     """Tokens one verify step of a model-free drafter scores (root included), for the memory plan; 0 for drafters
     with a model of their own, which the planner sizes itself."""
-    if spec == "prompt-lookup":
+    if spec in ("prompt-lookup", "head", "lookup+head"):  # chains of at most the speculator's depth
         return 1 + Speculator([PromptLookup()]).max_depth
     if spec in ("recycling", "auto"):
         return 1 + TokenRecycling(1).max_nodes
-    if spec in ("head", "lookup+head"):
-        return 1 + Speculator([PromptLookup()]).max_depth
     return 0
 
 
