@@ -118,11 +118,12 @@ def messages_for(engine, turns, tokens):
 
 
 def variants(target: str, engine, packages):
-    from edge.speculative import DraftModel, PromptLookup, Speculator, make_speculator
+    from edge.speculative import DraftModel, PromptLookup, Speculator, TokenRecycling, make_speculator
 
     out = {"prompt-lookup": lambda: make_speculator("prompt-lookup", engine),
            "recycling": lambda: make_speculator("recycling", engine),
-           "auto (lookup+recycling)": lambda: make_speculator("auto", engine)}
+           "lookup+recycling": lambda: Speculator([PromptLookup(), TokenRecycling(engine.package.config.vocab_size)],
+                                                  threads=engine.threads)}
     if engine.package.draft_head is not None:
         out["draft head"] = lambda: make_speculator("head", engine)
         out["lookup+head"] = lambda: make_speculator("lookup+head", engine)

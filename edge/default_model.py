@@ -36,7 +36,7 @@ DRAFT_HEAD = Path(importlib.util.find_spec("edge.export").submodule_search_locat
 EXPORTS = {"int4-edge": dict(quant="int4", kernels="edge", accuracy_level=4, zeros="float", embedding_bits=4,
                              head="gptq", draft_head=DRAFT_HEAD)}
 # Bumped when a named export's options change: its cache folder gets a new name, so an older export is not reused.
-EXPORT_REVISIONS = {"int4-edge": 4}
+EXPORT_REVISIONS = {"int4-edge": 5}
 
 
 def cache_dir() -> Path:

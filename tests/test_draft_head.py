@@ -42,16 +42,16 @@ def random_weights(imported, vocab: np.ndarray, ffn: int = 48, seed: int = 0) ->
         {"depth": 3, "eps": 1e-5, "tokenizer_sha256": tokenizer_sha256(imported.tokenizer_json)})
 
 
-def reference_step(w: DraftHeadWeights, emb: np.ndarray, state: np.ndarray, token: int):
-    """The head's step in float64 numpy: the math export/draft_head.py documents."""
+def reference_step(w: DraftHeadWeights, emb: np.ndarray, state: np.ndarray, token: int, snap=lambda w: w):
+    """The head's step in float64 numpy: the math export/draft_head.py documents (snap: the linears' rounding)."""
     def rms(x, g):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + w.meta["eps"]) * g
 
     f = lambda a: a.astype(np.float64)  # noqa: E731
     e = f(emb[token]) if token in set(w.vocab.tolist()) else np.zeros(emb.shape[1])
-    z = f(w.fc1) @ np.concatenate([rms(state, f(w.norm_in)), e]) + f(w.fc1_bias)
-    state = state + f(w.fc2) @ (z / (1 + np.exp(-z))) + f(w.fc2_bias)
-    logits = f(emb[w.vocab]) @ rms(state, f(w.norm_out))
+    z = f(snap(f(w.fc1))) @ np.concatenate([rms(state, f(w.norm_in)), e]) + f(w.fc1_bias)
+    state = state + f(snap(f(w.fc2))) @ (z / (1 + np.exp(-z))) + f(w.fc2_bias)
+    logits = f(snap(f(emb[w.vocab]))) @ rms(state, f(w.norm_out))
     p = np.exp(logits - logits.max())
     return int(w.vocab[logits.argmax()]), p.max() / p.sum(), state
 
@@ -72,6 +72,48 @@ def test_the_graph_computes_the_documented_step(tmp_path):
         assert int(got_token[0]) == want_token
         assert got_conf[0] == pytest.approx(want_conf, rel=1e-4)
         np.testing.assert_allclose(got_state[0], want_state, rtol=1e-4, atol=1e-4)
+
+
+def test_with_edge_kernels_the_head_keeps_float16_statistics(tmp_path):
+    """float16_grid puts each linear on a 4-bit grid whose step and minimum are float16 values: the builder then
+    stores them as float16 (scale, min) pairs, and the graph computes exactly the snapped weights."""
+    from edge.export.draft_head import float16_grid
+    from edge.export.pipeline import rtn_quantizer
+
+    _, imported = tiny_llama(seed=3)
+    w = random_weights(imported, np.arange(5, VOCAB, 2), ffn=64)
+    options = BuildOptions(quantizer=rtn_quantizer(4, 32, float_zero=True), kernels="edge", accuracy_level=0)
+    build_draft_head(imported.config, imported.tensors, w, tmp_path, options)
+    import onnx
+
+    stats = {i.name: i.data_type for i in onnx.load(tmp_path / FILE, load_external_data=False).graph.initializer}
+    for layer in ("fc1", "fc2", "out"):
+        assert stats[f"draft.{layer}.scales"] == onnx.TensorProto.FLOAT16 and f"draft.{layer}.mins" in stats, stats
+    session = create_session(tmp_path / FILE, "cpu", 1, ["edge"])
+    emb = imported.tensors["model.embed_tokens.weight"]
+    state = np.random.default_rng(2).standard_normal(imported.config.hidden_size)
+    got_token, got_conf, got_state = session.run(None, {"state": state[None].astype(np.float32),
+                                                        "token": np.array([7])})
+    want_token, want_conf, want_state = reference_step(w, emb, state, 7, snap=float16_grid)
+    assert int(got_token[0]) == want_token
+    np.testing.assert_allclose(got_state[0], want_state, rtol=1e-4, atol=1e-4)
+
+
+def test_training_rows_leave_the_targets_path_out():
+    """A chain step whose input token is not what the target would have chosen gets no label: at run time the head
+    only ever continues the target's own choices."""
+    from edge.export.draft_head_train import samples
+
+    z = torch.arange(10)
+    choice = torch.cat([z[1:], torch.tensor([-1])])
+    choice[4] = 99  # after token 4 the target would say 99; the text says 5
+    h = torch.zeros(10, 2)
+    hs, xs, ts = samples([(z, h[1:], 1, choice)], depth=3, vocab_size=100)
+    assert xs[:, 0].tolist() == [2, 3, 4, 5, 6]  # the roots
+    assert ts[0].tolist() == [3, 4, 99]  # root 2: its third guess must be the target's 99
+    assert ts[1].tolist() == [4, 99, 100]  # root 3: after 99 the text went on with 5, off the path
+    assert ts[2].tolist() == [99, 100, 100]
+    assert ts[3].tolist() == [6, 7, 8]  # root 5: the text is back on a path the target chose
 
 
 def test_weights_round_trip_and_refuse_another_model(tmp_path):
@@ -128,6 +170,20 @@ def test_training_learns_the_models_continuations(trained):
     assert report["held_out_chain_accuracy"][0] > 0.3, report
 
 
+def test_package_features_are_the_packages_own_rows_and_choices(trained):
+    from edge.export.draft_head_train import features, package_features
+
+    model, _, fp32, _, _ = trained
+    rows = [{"ids": [3, 14, 15, 9], "answer": [26, 5, 35, 8, 9, 7]}, {"ids": [40, 41], "answer": [42, 43, 44]}]
+    for (z, h, p, choice), (z2, h2, p2, choice2) in zip(features(model, rows), package_features(fp32, rows)):
+        assert z.tolist() == z2.tolist() and p == p2
+        np.testing.assert_allclose(h2.numpy(), h.numpy(), rtol=1e-4, atol=1e-4)
+        with torch.no_grad():
+            want = model(input_ids=z[None]).logits[0].argmax(-1)
+        assert choice2.tolist() == want.tolist()
+        assert choice[:-1].tolist() == z[1:].tolist()  # the float model's "choice" is the text itself
+
+
 def test_the_hidden_output_is_the_final_normed_state(trained):
     model, _, fp32, _, _ = trained
     ids = [3, 14, 15, 9, 26, 5]
@@ -138,7 +194,7 @@ def test_the_hidden_output_is_the_final_normed_state(trained):
     np.testing.assert_allclose(decoder.hidden[0], want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("spec", ["head", "lookup+head"])
+@pytest.mark.parametrize("spec", ["head", "lookup+head", "auto"])  # auto: lookup+head where there is a head
 def test_speculation_with_the_head_emits_exactly_plain_greedy(trained, spec):
     _, _, package, _, _ = trained
     plain = Engine(package, context_length=96, threads=1)
@@ -173,6 +229,7 @@ def test_a_package_without_a_head_says_how_to_get_one(trained):
     for spec in ("head", "lookup+head"):
         with pytest.raises(EdgeError, match="--draft-head"):
             make_speculator(spec, engine)
+    assert [d.name for d in make_speculator("auto", engine).drafters] == ["prompt-lookup", "recycling"]
 
 
 def test_the_heads_graph_is_checked_like_the_models(trained, tmp_path):

@@ -29,14 +29,19 @@ def test_cheap_verification_and_good_acceptance_draft_deep():
     assert policy.depth() >= 6 and policy.best()[1] > 2
 
 
-def test_expensive_verification_and_poor_acceptance_switch_off_then_probe_less_and_less():
+def test_expensive_verification_and_poor_acceptance_switch_off_then_probe_as_often_as_probes_are_cheap():
     policy = AdaptiveDepth(STEEP, chain, max_depth=8, probe_every=4)
     for _ in range(20):
         policy.update(4, 0, 0.0)  # nothing accepted
     assert policy.acceptance < 0.1
     probe = 1  # a probe drafts one level: the cheapest verify that says whether first tokens pass again
-    # probes that keep losing back off: after 4 steps, then 8, then 16
-    assert [policy.depth() for _ in range(28)] == ([0] * 3 + [probe]) + ([0] * 7 + [probe]) + ([0] * 15 + [probe])
+    assert [policy.depth() for _ in range(4)] == [0, 0, 0, probe]
+    policy.update(1, 0, 0.0, verify_seconds=STEEP(2), rows=2)  # a cheap probe lost: 0.64 of a plain step extra
+    assert [policy.depth() for _ in range(32)] == [0] * 31 + [probe]  # 0.64 is 2% of 32 plain steps
+    policy.update(1, 0, 0.01, verify_seconds=STEEP(1), rows=1)  # next to nothing: back to every 4 steps
+    assert [policy.depth() for _ in range(4)] == [0, 0, 0, probe]
+    policy.update(1, 0, 20.0, verify_seconds=STEEP(2), rows=2)  # a draft model that read 20 steps' worth first
+    assert policy.probe_interval == policy.max_probe_every
     for _ in range(30):
         policy.update(4, 4, 0.0)  # the text changed: drafts land again
     assert policy.depth() > 0 and policy.probe_interval == 0  # drafting again; a later loss probes every 4 again
@@ -44,7 +49,7 @@ def test_expensive_verification_and_poor_acceptance_switch_off_then_probe_less_a
 
 def test_a_probe_the_drafter_declines_is_not_spent():
     """A draft head unsure of its first guess proposes nothing: that probe learned nothing, so it neither counts as
-    a loss (the interval does not double) nor waits a whole interval to come again."""
+    a loss nor waits a whole interval to come again."""
     policy = AdaptiveDepth(STEEP, chain, max_depth=8, probe_every=4)
     for _ in range(20):
         policy.update(4, 0, 0.0)
@@ -53,7 +58,7 @@ def test_a_probe_the_drafter_declines_is_not_spent():
     assert policy.depth() == 1  # probes again at once
     policy.declined()
     assert policy.depth() == 1
-    policy.update(1, 0, 0.0)  # a probe that drafted and lost: now the interval doubles
+    policy.update(1, 0, 0.16)  # a probe that drafted and lost, at 16% of a plain step: 2% of 8 steps
     assert [policy.depth() for _ in range(8)] == [0] * 7 + [1]
 
 
@@ -170,7 +175,7 @@ def test_catch_up_counts_while_drafting_but_a_probe_only_spaces_the_next_probe()
     assert [policy.depth() for _ in range(4)][-1] > 0 and policy.probing
     policy.update(1, 0, 2.02, catch_up_seconds=2.0)  # the probe lost and read 2 s of missed tokens
     assert policy.catch_up_seconds_per_step == 0.0 and policy.draft_seconds_per_level == pytest.approx(0.02)
-    assert policy.probe_interval == 100  # 2 s is 2% of 100 plain steps (1 s each)
+    assert policy.probe_interval == 101  # 2.02 s is 2% of 101 plain steps (1 s each)
     assert policy.depth() == 0 and not policy.probing
 
 

@@ -182,8 +182,8 @@ class AdaptiveDepth:
     catch_up_seconds_per_step: float = 0.0  # reading missed tokens before a draft, while drafting is on
     prior_weight: float = 2.0  # pseudo-trials of a deeper level's prior (the rate of the level before it)
     enabled: bool = True  # False: a drafter measured to lose at every depth; never drafts, never probes
-    max_probe_every: int = 256  # probes that keep losing come at doubling intervals, up to this many steps
-    probe_budget: float = 0.02  # a losing probe's catch-up may cost this share of the plain steps until the next
+    max_probe_every: int = 256  # the longest wait between probes
+    probe_budget: float = 0.02  # what losing probes may cost, as a share of the plain steps between them
     plain: Pace = field(default_factory=Pace)  # plain 1-token steps against curve(1)
     verify: Pace = field(default_factory=Pace)  # this drafter's verify calls against the curve at their size
     off: bool = field(default=False, init=False)  # switched off for losing; waiting for the next probe
@@ -262,10 +262,9 @@ class AdaptiveDepth:
         self.off_steps += 1
         interval = self.probe_interval or self.probe_every
         if self.off_steps >= interval:  # losing for now; look again, the text may have changed
-            # Each probe costs a verify step and, for a draft model, its catch-up: back off while they lose, and
-            # draft one level, the cheapest verify that says whether first tokens pass again (measured: at its best
+            # Draft one level: the cheapest verify that says whether first tokens pass again (measured: at its best
             # depth a token-recycling probe verified a 24-node tree, 5-6 plain int4 steps, twice per 64 tokens).
-            self.off, self.probing, self.probe_interval = False, True, min(2 * interval, self.max_probe_every)
+            self.off, self.probing, self.probe_interval = False, True, interval
             return 1  # the next call decides, with the probe's outcome, whether drafting stays on
         return 0
 
@@ -274,7 +273,7 @@ class AdaptiveDepth:
         learned nothing is not spent: the next step probes again, at the interval it was given."""
         if self.probing:
             self.off, self.probing = True, False
-            self.off_steps = self.probe_interval = max(self.probe_interval // 2, self.probe_every)
+            self.off_steps = self.probe_interval
 
     def update(self, depth: int, accepted: int, draft_seconds: float, verify_seconds: float | None = None,
                rows: int = 1, catch_up_seconds: float = 0.0) -> None:
@@ -282,8 +281,12 @@ class AdaptiveDepth:
         seconds spent drafting them (`catch_up_seconds` of it reading missed tokens first), and the verify call's
         seconds over `rows` tokens (None: not timed).
 
-        A probe's catch-up covers the whole time drafting was off: a one-off, not a cost of drafting on. It sets
-        how long until the next probe instead, should this one lose.
+        A probe's catch-up covers the whole time drafting was off: a one-off, not a cost of drafting on. What the
+        probe cost beyond a plain step (its drafting, catch-up included, and its larger verify) sets how long until
+        the next probe instead, should this one lose: probes may spend `probe_budget` of the plain steps between
+        them. A draft head's losing probe (~1 ms) comes back every `probe_every` steps; a draft model's (a catch-up
+        of 110-170 ms) after hundreds. Doubling the wait after each loss instead kept a draft head away from code
+        for 128-256 steps after a rewrite had switched it off (measured: drafted 0 tokens over three code prompts).
         """
         if verify_seconds is not None:
             self.verify.observe(verify_seconds, self.curve(rows))
@@ -293,8 +296,9 @@ class AdaptiveDepth:
         self.level_trials[:tried] += 1
         self.level_successes[:min(accepted, self.max_depth)] += 1
         if self.probing:
-            affordable = catch_up_seconds / (self.probe_budget * self.plain_seconds())
-            self.probe_interval = min(max(self.probe_interval, int(affordable)), self.max_probe_every)
+            extra = draft_seconds + (0.0 if verify_seconds is None else verify_seconds - self.plain_seconds())
+            affordable = round(extra / (self.probe_budget * self.plain_seconds()))
+            self.probe_interval = min(max(self.probe_every, affordable), self.max_probe_every)
         else:
             self.catch_up_seconds_per_step = 0.8 * self.catch_up_seconds_per_step + 0.2 * catch_up_seconds
         self.probing = False
