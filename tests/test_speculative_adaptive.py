@@ -184,3 +184,25 @@ def test_a_new_policy_assumes_its_verify_calls_run_at_the_plain_pace():
     policy = AdaptiveDepth(FLAT, chain, successes=6, trials=10)
     policy.plain.observe(0.8 * FLAT(1), FLAT(1))
     assert policy.verify_pace() == pytest.approx(0.8) and policy.depth() > 0
+
+
+def test_a_drafter_of_known_acceptance_starts_from_it():
+    """A trained draft head's held-out accuracy is evidence: three early misses (or a noisy start) must not switch it
+    off, while a drafter with nothing known is off after them."""
+    from edge.speculative import Drafter, Speculator
+
+    class Unknown(Drafter):
+        name = "unknown"
+
+    class Known(Drafter):
+        name = "known"
+        known_acceptance = 0.57  # the shipped head's held-out first-guess accuracy
+
+    spec = Speculator([Unknown(), Known()])
+    spec.curve = CostCurve((1, 2, 4, 8, 16), (1.0, 1.10, 1.40, 2.28, 4.06))  # the int4-edge package's
+    fresh, known = spec._policy(spec.drafters[0], None), spec._policy(spec.drafters[1], None)
+    assert known.acceptance == pytest.approx(0.57) and fresh.acceptance == pytest.approx(1 / 3)
+    for policy in (fresh, known):
+        for _ in range(3):
+            policy.update(1, 0, 0.0)  # three misses in a row
+    assert not fresh.drafting() and known.drafting()

@@ -20,6 +20,7 @@ from edge.speculative.stats import SpeculativeStats
 from edge.speculative.verify import accept_greedy, accept_sampled, tree_inputs
 
 QUIET_EVERY = 4  # a switched-off learner observes one verify call in this many
+KNOWN_WEIGHT = 8.0  # pseudo-trials behind a drafter's known first-guess acceptance (~8 verify calls' evidence)
 
 
 class Speculator:
@@ -56,9 +57,11 @@ class Speculator:
             if self.draft_length is not None:
                 self.policies[key] = FixedDepth(self.draft_length)
             else:
-                measured = drafter.predicted_speedup
+                measured, known = drafter.predicted_speedup, drafter.known_acceptance
+                prior = {} if known is None else {"successes": KNOWN_WEIGHT * known, "trials": KNOWN_WEIGHT}
                 self.policies[key] = AdaptiveDepth(self._curve(decoder), drafter.size, self.max_depth,
-                                                   enabled=measured is None or measured >= 1, plain=self.plain)
+                                                   enabled=measured is None or measured >= 1, plain=self.plain,
+                                                   **prior)
         return self.policies[key]
 
     def prepare(self, decoder: Decoder) -> None:

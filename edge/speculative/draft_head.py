@@ -33,6 +33,8 @@ class DraftHead(Drafter):
                             f"edge.export.draft_head_train`), or choose a model-free drafter (--draft auto)")
         self.session = create_session(package.root / record["file"], "cpu", 1, package.custom_ops, spin=False)
         self.depth, self.floor = int(record["depth"]), floor
+        held_out = record.get("trained", {}).get("held_out_chain_accuracy")
+        self.known_acceptance = float(held_out[0]) if held_out else None  # of all first guesses, confident or not
         self.row: np.ndarray | None = None
         hidden = np.zeros((1, package.config.hidden_size), np.float32)
         self.session.run(None, {"state": hidden, "token": np.zeros(1, np.int64)})  # the first run allocates (~1.5 ms)

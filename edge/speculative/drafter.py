@@ -76,6 +76,10 @@ class Drafter:
     # Speed-up over plain decoding measured before use at the best depth (a self-draft's, at export); None: unknown.
     # Below 1 the adaptive policy never drafts with it: even a probe pays the draft's catch-up prefill.
     predicted_speedup: float | None = None
+    # How often its first guess is right, measured before use (a trained draft head's held-out accuracy); None:
+    # unknown. The adaptive policy starts from it instead of its weak default prior (1 in 3), so a few early misses,
+    # which the machine's noise makes costlier still, do not switch off a drafter known to be right half the time.
+    known_acceptance: float | None = None
     # Seconds the last propose() spent reading tokens it had not followed (a draft model's catch-up after steps it
     # did not draft). The policy counts it per drafted step, apart from the cost per draft level; a probe's, which
     # covers the whole time drafting was off, only spaces the next probe.
