@@ -22,9 +22,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decode import PROMPT  # noqa: E402  (benchmarks/decode.py: the same prompt as the CPU decode benchmark)
 
-# The default package (int4-edge). Stock-op packages are refused on CUDA (edge.session.check_cuda_graph): onnxruntime
-# runs their float32 GroupQueryAttention on the CPU, which gave wrong tokens here (benchmarks/RESULTS.md).
-PACKAGES = {"edge int4 (edge.QMatMul + edge.Attention)": dict(quant="int4", kernels="edge", accuracy_level=4)}
+from edge.default_model import EXPORTS  # noqa: E402
+
+# The default package (int4-edge, with its draft head), exported with the default's own options. Stock-op packages
+# are refused on CUDA (edge.session.check_cuda_graph): onnxruntime runs their float32 GroupQueryAttention on the
+# CPU, which gave wrong tokens here (benchmarks/RESULTS.md).
+PACKAGES = {"edge int4-edge (edge.QMatMul + edge.Attention)": EXPORTS["int4-edge"]}
 SPEC_TOKENS = 128
 NEW_TOKENS = 128
 STEP_ROWS = (1, 2, 4, 8, 16)
@@ -105,7 +108,7 @@ def transformers_peer(gguf: Path, ids: list[int], runs: int) -> list[str]:
     return rows
 
 
-DRAFTERS = ("prompt-lookup", "recycling", "auto")
+DRAFTERS = ("prompt-lookup", "recycling", "head", "auto")
 
 
 def speculative_table(path: Path, device: str) -> str:
@@ -113,13 +116,19 @@ def speculative_table(path: Path, device: str) -> str:
     from speculative import CATEGORIES, messages_for, run_once
 
     from edge.engine import Engine
+    from edge.speculative import Speculator
+    from edge.speculative.draft_head import DraftHead
 
     engines = {"plain": Engine(path, device=device, context_length=2048)}
     engines.update({d: Engine(path, device=device, context_length=2048, speculator=d) for d in DRAFTERS})
+    # The draft head on the host's CPU, as before session 12 (the head drafter now runs where the target runs).
+    host_head = Speculator([DraftHead(engines["plain"].package, device="cpu")])
+    engines["head on CPU"] = Engine(path, device=device, context_length=2048, speculator=host_head)
+    drafters = [*DRAFTERS, "head on CPU"]
     lines = [f"## Speculative decoding on the GPU ({SPEC_TOKENS} tokens, edge kernels): tok/s, ratio to plain, "
              "tokens per target call; identical = every drafter's output equals plain greedy", "",
-             "| category | prompt | plain tok/s | " + " | ".join(DRAFTERS) + " | identical |",
-             "|---|---|---|" + "---|" * len(DRAFTERS) + "---|"]
+             "| category | prompt | plain tok/s | " + " | ".join(drafters) + " | identical |",
+             "|---|---|---|" + "---|" * len(drafters) + "---|"]
     for category, prompts in CATEGORIES.items():
         for i, turns in enumerate(prompts):
             messages = messages_for(engines["plain"], turns, SPEC_TOKENS)
@@ -129,11 +138,11 @@ def speculative_table(path: Path, device: str) -> str:
                     runs[name].append(run_once(engine, messages, SPEC_TOKENS))
             rate = {k: statistics.median(r["n"] / r["seconds"] for r in v) for k, v in runs.items()}
             cells = []
-            for d in DRAFTERS:
+            for d in drafters:
                 st = runs[d][-1]["spec"]
                 per_call = (st.accepted + st.target_calls) / st.target_calls if st and st.target_calls else float("nan")
                 cells.append(f"{rate[d]:.0f} ({rate[d] / rate['plain']:.2f}x, {per_call:.2f})")
-            same = all(runs[d][-1]["ids"] == runs["plain"][-1]["ids"] for d in DRAFTERS)
+            same = all(runs[d][-1]["ids"] == runs["plain"][-1]["ids"] for d in drafters)
             lines.append(f"| {category} | {i + 1} | {rate['plain']:.0f} | " + " | ".join(cells) +
                          f" | {'yes' if same else 'NO'} |")
             print(lines[-1], flush=True)

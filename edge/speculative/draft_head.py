@@ -23,16 +23,18 @@ class DraftHead(Drafter):
     name = "head"
     follows_hidden = True
 
-    def __init__(self, package: Package, floor: float = 0.5):
-        """The head runs on the calling thread alone: a worker thread of its own waits for a core that the target
-        session's spinning worker holds (session 10 measured 4.4 ms per draft call with 2 threads; session 11, with
-        the target's spinning stopped after each run, found no gain beyond the noise)."""
+    def __init__(self, package: Package, floor: float = 0.5, device: str = "cpu"):
+        """device: the target's. On the CPU the head runs on the calling thread alone: a worker thread of its own
+        waits for a core that the target session's spinning worker holds (session 10 measured 4.4 ms per draft call
+        with 2 threads; session 11, with the target's spinning stopped after each run, found no gain beyond the
+        noise). On a GPU it runs there too: a GPU step is ~3 ms of dispatch, and the head's steps on the host's CPU
+        took so much of it that it lost to plain decoding (benchmarks/RESULTS.md, session 12)."""
         record = package.draft_head
         if record is None:
             raise EdgeError(f"{package.root} has no draft head; export it with `edge-export SOURCE -o DIR "
                             f"--draft-head WEIGHTS.npz` (train the weights with `python -m "
                             f"edge.export.draft_head_train`), or choose a model-free drafter (--draft auto)")
-        self.session = create_session(package.root / record["file"], "cpu", 1, package.custom_ops, spin=False)
+        self.session = create_session(package.root / record["file"], device, 1, package.custom_ops, spin=False)
         self.depth, self.floor = int(record["depth"]), floor
         held_out = record.get("trained", {}).get("held_out_chain_accuracy")
         self.known_acceptance = float(held_out[0]) if held_out else None  # of all first guesses, confident or not

@@ -48,7 +48,8 @@ def make_speculator(spec: str, engine, draft_length: int | None = None) -> Specu
     elif spec == "recycling":
         drafters = [TokenRecycling(vocab)]
     elif spec in ("head", "lookup+head"):
-        drafters = [DraftHead(package)] if spec == "head" else [PromptLookup(), DraftHead(package)]
+        head = DraftHead(package, device=engine.decoder.device)
+        drafters = [head] if spec == "head" else [PromptLookup(), head]
     elif spec == "auto":
         drafters = [PromptLookup(), TokenRecycling(vocab)]
     elif spec in ("skip", "lookup+skip"):

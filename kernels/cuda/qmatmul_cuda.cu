@@ -70,6 +70,49 @@ __device__ __forceinline__ float two_level(const DeviceArgs& a, const uint8_t* c
   return half_to_float_dev(__ldg(st)) + half_to_float_dev(__ldg(st + 1)) * static_cast<float>(__ldg(codes + at + j));
 }
 
+// How a unit's statistics are stored, a template argument: each form loads only its own arrays, and the weight
+// formula is chosen at compile time. One kernel reading every form by run-time tests (session 8) cost 1.26-1.46x the
+// kernel time of the plain form on an H100 (benchmarks/RESULTS.md, session 12).
+enum Form { kZeros = 0, kMins = 1, kTwoLevel = 2 };
+
+// Scales (float32 or float16) and, per form, zero points, mins or two-level values of the 8 columns of one group.
+// The tests on pointers are the same for every lane (a branch, not per-element selects).
+template <int FORM, int BITS>
+__device__ __forceinline__ void load_stats(const DeviceArgs& a, int64_t tile, int64_t g, int64_t at, float (&s)[8],
+                                           float (&z)[8]) {
+  if (FORM == kTwoLevel) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[j] = two_level(a, a.scale_codes, a.scale_stats, tile, g, at, j);
+  } else if (a.scales_f16) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[j] = half_to_float_dev(__ldg(a.scales_f16 + at + j));
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s[j] = __ldg(a.scales + at + j);
+  }
+  if (FORM == kMins) {
+    if (a.mins_f16) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) z[j] = half_to_float_dev(__ldg(a.mins_f16 + at + j));
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) z[j] = __ldg(a.mins_f32 + at + j);
+    }
+  } else if (FORM == kTwoLevel && a.zero_codes) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) z[j] = two_level(a, a.zero_codes, a.zero_stats, tile, g, at, j);
+  } else if (a.zeros_u8) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) z[j] = static_cast<float>(__ldg(a.zeros_u8 + at + j));
+  } else if (a.zeros_f32) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) z[j] = __ldg(a.zeros_f32 + at + j);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) z[j] = static_cast<float>(1 << (BITS - 1));
+  }
+}
+
 // The 8 code words of a unit (one per column) and, for 3-bit, the 8 words of high bits.
 struct Unit {
   uint32_t w[8];
@@ -133,14 +176,13 @@ __device__ __forceinline__ int owned_slot(int lane) {
   return slot;
 }
 
-template <int BITS, int R, typename T>
+template <int FORM, int BITS, int R, typename T>
 __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int rows) {
   const T* x = static_cast<const T*>(a.x);
   constexpr int UK = BITS == 4 ? 8 : (BITS == 8 ? 4 : 16), UB = BITS == 3 ? 48 : 32, S = 8 * R;
   constexpr int PER_LANE = S >= 32 ? S / 32 : 1;
   __shared__ float red[kMaxWarps][S];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float zero_default = static_cast<float>(1 << (BITS - 1));
   float acc[S];
 #pragma unroll
   for (int s = 0; s < S; ++s) acc[s] = 0.0f;
@@ -151,20 +193,7 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
     const int64_t k0 = u * UK;
     const int64_t at = (tile * a.G + k0 / a.group) * 8;
     float s[8], z[8];  // with mins, z holds the min
-    const bool mins = a.mins_f32 != nullptr || a.mins_f16 != nullptr;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int64_t g = k0 / a.group;
-      s[j] = a.scale_codes ? two_level(a, a.scale_codes, a.scale_stats, tile, g, at, j)
-                           : (a.scales_f16 ? half_to_float_dev(__ldg(a.scales_f16 + at + j)) : __ldg(a.scales + at + j));
-      if (a.zero_codes)
-        z[j] = two_level(a, a.zero_codes, a.zero_stats, tile, g, at, j);
-      else if (mins)
-        z[j] = a.mins_f16 ? half_to_float_dev(__ldg(a.mins_f16 + at + j)) : __ldg(a.mins_f32 + at + j);
-      else
-        z[j] = a.zeros_u8 ? static_cast<float>(__ldg(a.zeros_u8 + at + j))
-                          : (a.zeros_f32 ? __ldg(a.zeros_f32 + at + j) : zero_default);
-    }
+    load_stats<FORM, BITS>(a, tile, k0 / a.group, at, s, z);
     // k in steps of 4: x of every row for those k, then each column's 4 weights, each used by every row.
     const bool vec = sizeof(T) == 4 && a.vec_x && k0 + UK <= a.K;
 #pragma unroll
@@ -187,7 +216,7 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
           const float c = code<BITS>(unit, j, 4 * q + t);
-          const float w = mins ? c * s[j] + z[j] : (c - z[j]) * s[j];
+          const float w = FORM == kMins ? c * s[j] + z[j] : (c - z[j]) * s[j];
 #pragma unroll
           for (int r = 0; r < R; ++r) acc[r * 8 + j] = fmaf(xq[r][t], w, acc[r * 8 + j]);
         }
@@ -229,30 +258,37 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
 
 // blockIdx.x: tile; blockIdx.y: rows m0 + R*y .. + R-1. R is the kernel's, chosen per launch; the sums do not
 // depend on it, so a full launch of R = 4 and a tail launch of fewer rows give every row the same bits.
-template <int BITS, int R, typename T>
+template <int FORM, int BITS, int R, typename T>
 __global__ void __launch_bounds__(kMaxWarps * 32, R >= 2 ? 4 : 8) qmatmul_kernel(DeviceArgs a, int64_t m_begin) {
   const int64_t m0 = m_begin + static_cast<int64_t>(blockIdx.y) * R;
   const int rows = static_cast<int>(a.M - m0 < R ? a.M - m0 : R);
-  tile_rows<BITS, R, T>(a, blockIdx.x, m0, rows);
+  tile_rows<FORM, BITS, R, T>(a, blockIdx.x, m0, rows);
 }
 
-template <int BITS, typename T>
+template <int FORM, int BITS, typename T>
 void launch_bits(const DeviceArgs& a, cudaStream_t s) {
   const int64_t full = a.M / kMaxRows, tail = a.M % kMaxRows;
   const dim3 block(a.warps * 32);
-  if (full > 0) qmatmul_kernel<BITS, kMaxRows, T><<<dim3(a.tiles, full), block, 0, s>>>(a, 0);
+  if (full > 0) qmatmul_kernel<FORM, BITS, kMaxRows, T><<<dim3(a.tiles, full), block, 0, s>>>(a, 0);
   const int64_t m = full * kMaxRows;
-  if (tail == 1) qmatmul_kernel<BITS, 1, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
-  else if (tail == 2) qmatmul_kernel<BITS, 2, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
-  else if (tail > 0) qmatmul_kernel<BITS, kMaxRows, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+  if (tail == 1) qmatmul_kernel<FORM, BITS, 1, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+  else if (tail == 2) qmatmul_kernel<FORM, BITS, 2, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+  else if (tail > 0) qmatmul_kernel<FORM, BITS, kMaxRows, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+}
+
+template <int FORM, typename T>
+void launch_form(const DeviceArgs& a, cudaStream_t s) {
+  if (a.bits == 4) launch_bits<FORM, 4, T>(a, s);
+  else if (a.bits == 8) launch_bits<FORM, 8, T>(a, s);
+  else if (a.bits == 3) launch_bits<FORM, 3, T>(a, s);
+  else launch_bits<FORM, 2, T>(a, s);
 }
 
 template <typename T>
 void launch_type(const DeviceArgs& a, cudaStream_t s) {
-  if (a.bits == 4) launch_bits<4, T>(a, s);
-  else if (a.bits == 8) launch_bits<8, T>(a, s);
-  else if (a.bits == 3) launch_bits<3, T>(a, s);
-  else launch_bits<2, T>(a, s);
+  if (a.scale_codes) launch_form<kTwoLevel, T>(a, s);
+  else if (a.mins_f32 || a.mins_f16) launch_form<kMins, T>(a, s);
+  else launch_form<kZeros, T>(a, s);
 }
 
 }  // namespace
