@@ -27,6 +27,6 @@ def test_invalid_parents_are_refused():
 
 def test_prompt_lookup_says_how_long_its_match_was():
     lookup = PromptLookup(max_ngram=3)
-    assert lookup.propose([5, 6, 7, 8, 9, 1, 5, 6, 7], 3).kind == "3-gram"
+    assert lookup.propose([5, 6, 7, 8, 9, 1, 5, 6, 7], 3).kind == "2-3-gram"
     draft = lookup.propose([5, 6, 7, 8, 9, 1, 2, 7], 2)
     assert draft.tokens == [8, 9] and draft.kind == "1-gram"

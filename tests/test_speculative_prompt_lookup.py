@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from edge.speculative import PromptLookup
+from edge.speculative.prompt_lookup import kind
 
 
 def test_copies_what_followed_the_most_recent_match_of_the_longest_ngram():
@@ -35,7 +36,7 @@ def reference_lookup(context, depth, max_ngram):
     for n in range(min(max_ngram, len(context) - 1), 0, -1):
         for end in range(len(context) - 2, n - 2, -1):
             if context[end - n + 1:end + 1] == context[-n:]:
-                return context[end + 1:end + 1 + depth], f"{n}-gram"
+                return context[end + 1:end + 1 + depth], kind(n)
     return [], ""
 
 
@@ -43,6 +44,14 @@ def test_matches_the_rule_spelled_out_on_random_contexts():
     rng = np.random.default_rng(0)
     for trial in range(300):
         context = rng.integers(0, 6, rng.integers(2, 40)).tolist()  # a small vocabulary: many partial matches
-        max_ngram = int(rng.integers(1, 5))
+        max_ngram = int(rng.integers(1, 11))
         draft = PromptLookup(max_ngram=max_ngram).propose(context, 5)
         assert (draft.tokens, draft.kind) == reference_lookup(context, 5, max_ngram), context
+
+
+def test_kinds_are_bands_of_match_length():
+    assert [kind(n) for n in (1, 2, 3, 4, 7, 8, 12)] == ["1-gram", "2-3-gram", "2-3-gram", "4-7-gram", "4-7-gram",
+                                                         "8+-gram", "8+-gram"]
+    context = [9, 1, 2, 3, 4, 5, 6, 7, 8, 40, 41, 0, 1, 2, 3, 4, 5, 6, 7, 8]
+    draft = PromptLookup().propose(context, 2)  # an 8-token match: the policy for long copies judges it
+    assert (draft.tokens, draft.kind) == ([40, 41], "8+-gram")

@@ -22,8 +22,8 @@ class Draft:
     # The draft's distribution each node was sampled from (one row per node), for rejection sampling. None: the
     # drafter is deterministic, its proposal is a point mass on the token.
     probs: list[np.ndarray] | None = None
-    # What kind of guess this is, when the drafter knows (prompt lookup: "3-gram" for a 3-token match): acceptance
-    # is tracked per kind, since a long match is right far more often than a one-token one.
+    # What kind of guess this is, when the drafter knows (prompt lookup: "2-3-gram" after a 2- or 3-token match):
+    # acceptance is tracked per kind, since a long match is right far more often than a one-token one.
     kind: str = ""
 
     def __post_init__(self) -> None:

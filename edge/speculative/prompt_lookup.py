@@ -2,6 +2,11 @@
 
 Match the last n tokens (n from `max_ngram` down to 1) at their most recent earlier occurrence anywhere in the
 context, and propose what followed it there. Costs microseconds and no model.
+
+The draft's kind (which adaptive depth policy judges it) is its match length in bands: a copy that already agrees
+with 8 tokens of context keeps agreeing far longer than a 1-token match, so the bands learn their own depths.
+Measured offline on the speculative benchmark's outputs with the adaptive policy (max_ngram 3 and kinds by n, to
+bands up to 8): rewrite 1.87x -> 1.94x, summarise 2.61x -> 2.87x, repeat 2.86x -> 3.34x of plain decoding.
 """
 
 from __future__ import annotations
@@ -11,11 +16,19 @@ import numpy as np
 from edge.speculative.drafter import Draft, Drafter
 
 
+BANDS = ((1, "1-gram"), (3, "2-3-gram"), (7, "4-7-gram"))  # longer: "8+-gram"
+
+
+def kind(n: int) -> str:
+    """The policy key of a draft copied after an n-token match."""
+    return next((name for top, name in BANDS if n <= top), "8+-gram")
+
+
 class PromptLookup(Drafter):
     name = "prompt-lookup"
     cheap = True
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 8, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -39,5 +52,5 @@ class PromptLookup(Drafter):
             return Draft()
         start = int(found[-1]) + 1
         draft = Draft.chain(ids[start:start + depth].tolist())
-        draft.kind = f"{n}-gram"
+        draft.kind = kind(n)
         return draft
