@@ -119,7 +119,6 @@ def messages_for(engine, turns, tokens):
 
 def variants(target: str, engine, packages):
     from edge.speculative import DraftModel, PromptLookup, Speculator, TokenRecycling, make_speculator
-    from edge.speculative.draft_head import DraftHead
 
     out = {"prompt-lookup": lambda: make_speculator("prompt-lookup", engine),
            "recycling": lambda: make_speculator("recycling", engine),
@@ -128,9 +127,6 @@ def variants(target: str, engine, packages):
     if engine.package.draft_head is not None:
         out["draft head"] = lambda: make_speculator("head", engine)
         out["lookup+head"] = lambda: make_speculator("lookup+head", engine)
-        out["lookup+recycling+head"] = lambda: Speculator(
-            [PromptLookup(), TokenRecycling(engine.package.config.vocab_size), DraftHead(engine.package)],
-            threads=engine.threads)
     if target == "fp32":
         out["lookup+draft int4"] = lambda: Speculator(
             [PromptLookup(), DraftModel(packages["int4"], engine.context_length, threads=engine.threads)],
