@@ -4,59 +4,98 @@ head and lookup + head on open chat and code (benchmarks/RESULTS.md, speculative
 
     bash benchmarks/gpu/run.sh profile    # GGUF at $GGUF (default /tmp/smollm2.gguf); DEV=cpu for the CPU
 """
-import statistics, sys, time
-from pathlib import Path
-import numpy as np
-sys.path.insert(0, "benchmarks")
-from speculative import CATEGORIES, messages_for, run_once
-from edge.default_model import EXPORTS
-from edge.engine import Engine
-from edge.export.gguf import load_gguf
-from edge.export.pipeline import export_model
-from edge.speculative import Speculator
-from edge.speculative.draft_head import DraftHead
-from edge.speculative.drafter import Draft, Drafter
+
+from __future__ import annotations
 
 import os
-DEV = os.environ.get("DEV", "cuda")
-gguf = Path(os.environ.get("GGUF", "/tmp/smollm2.gguf"))
-pkg = Path(os.environ.get("PKG", "/tmp/gpuwork/pkg0"))
-if not (pkg / "manifest.json").exists():
-    export_model(gguf, pkg, model=load_gguf(gguf), **EXPORTS["int4-edge"])
+import statistics
+import sys
+import time
+from pathlib import Path
 
-class Null(Drafter):
-    name, cheap = "null", True
-    def propose(self, context, depth):
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from speculative import CATEGORIES, messages_for, run_once  # noqa: E402  (benchmarks/speculative.py's prompts)
+
+from edge.engine import Engine  # noqa: E402
+from edge.speculative import Speculator  # noqa: E402
+from edge.speculative.draft_head import DraftHead  # noqa: E402
+from edge.speculative.drafter import Draft, Drafter  # noqa: E402
+
+PROMPTS = (("open chat", 0), ("open chat", 1), ("code", 0), ("code", 2))
+TOKENS, REPS = 128, 3
+
+
+class Never(Drafter):
+    """Drafts nothing: what the speculative loop costs by itself."""
+
+    name, cheap = "never", True
+
+    def propose(self, context: list[int], depth: int) -> Draft:
         return Draft()
 
-plain = Engine(pkg, device=DEV, context_length=2048)
-hidden = plain.package.config.hidden_size
-for dev in sorted({DEV, "cpu"}):
-    h = DraftHead(plain.package, device=dev)
-    state, tok = np.random.randn(1, hidden).astype(np.float32), np.array([42], np.int64)
+
+def package(gguf: Path, dest: Path) -> Path:
+    """The default export (int4-edge with its draft head), made once."""
+    if not (dest / "manifest.json").exists():
+        from edge.default_model import EXPORTS
+        from edge.export.gguf import load_gguf
+        from edge.export.pipeline import export_model
+
+        export_model(gguf, dest, model=load_gguf(gguf), **EXPORTS["int4-edge"])
+    return dest
+
+
+def head_step_us(engine: Engine, device: str, runs: int = 200) -> tuple[float, float]:
+    """Median and 10th percentile of one head step (the session alone, warm)."""
+    head = DraftHead(engine.package, device=device)
+    feeds = {"state": np.random.randn(1, engine.package.config.hidden_size).astype(np.float32),
+             "token": np.array([42], np.int64)}
     for _ in range(20):
-        h.session.run(None, {"state": state, "token": tok})
-    ts = []
-    for _ in range(200):
-        t = time.perf_counter(); h.session.run(None, {"state": state, "token": tok}); ts.append(time.perf_counter() - t)
-    print(f"head step on {dev}: median {statistics.median(ts) * 1e6:.0f} us, p10 {np.percentile(ts, 10) * 1e6:.0f}", flush=True)
-eng = {"plain": plain, "null": Engine(pkg, device=DEV, context_length=2048, speculator=Speculator([Null()])),
-       "head": Engine(pkg, device=DEV, context_length=2048, speculator="head"),
-       "lookup+head": Engine(pkg, device=DEV, context_length=2048, speculator="lookup+head")}
-for e in eng.values():
-    if e.speculator:
-        e.speculator.prepare(e.decoder)
-print("curve", {k: round(v, 3) for k, v in eng["head"].speculator.curve.relative().items()},
-      "1-token s", eng["head"].speculator.curve.seconds[0])
-for cat, idx in (("open chat", 0), ("open chat", 1), ("code", 0), ("code", 2))[:int(os.environ.get("N", 4))]:
-    msgs = messages_for(plain, CATEGORIES[cat][idx], 128)
-    r = {k: [] for k in eng}; st = {}
-    for rep in range(3):
-        for k, e in (eng.items() if rep % 2 == 0 else list(eng.items())[::-1]):
-            o = run_once(e, msgs, 128); r[k].append(o["seconds"] / o["n"] * 1e3); st[k] = o["spec"]
-    line = f"{cat} {idx}: ms/token " + " ".join(f"{k} {statistics.median(v):.3f}" for k, v in r.items())
-    for k in ("null", "head", "lookup+head"):
-        s = st[k]
-        line += (f" | {k}: calls {s.target_calls} drafted {s.drafted} acc {s.accepted} draft ms/call "
-                 f"{s.draft_seconds / s.target_calls * 1e3:.3f} verify ms/call {s.verify_seconds / s.target_calls * 1e3:.3f}")
-    print(line, flush=True)
+        head.session.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        head.session.run(None, feeds)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6, float(np.percentile(times, 10)) * 1e6
+
+
+def per_call(stats) -> str:
+    calls = stats.target_calls
+    return (f"calls {calls} drafted {stats.drafted} acc {stats.accepted} draft ms/call "
+            f"{stats.draft_seconds / calls * 1e3:.3f} verify ms/call {stats.verify_seconds / calls * 1e3:.3f}")
+
+
+def main() -> None:
+    device = os.environ.get("DEV", "cuda")
+    pkg = package(Path(os.environ.get("GGUF", "/tmp/smollm2.gguf")), Path(os.environ.get("PKG", "/tmp/gpuwork/pkg0")))
+    plain = Engine(pkg, device=device, context_length=2048)
+    for where in sorted({device, "cpu"}):
+        median, p10 = head_step_us(plain, where)
+        print(f"head step on {where}: median {median:.0f} us, p10 {p10:.0f}", flush=True)
+    engines = {"plain": plain,
+               "never": Engine(pkg, device=device, context_length=2048, speculator=Speculator([Never()])),
+               "head": Engine(pkg, device=device, context_length=2048, speculator="head"),
+               "lookup+head": Engine(pkg, device=device, context_length=2048, speculator="lookup+head")}
+    for engine in engines.values():
+        if engine.speculator:
+            engine.speculator.prepare(engine.decoder)
+    curve = engines["head"].speculator.curve
+    print("curve", {k: round(v, 3) for k, v in curve.relative().items()}, "1-token s", curve.seconds[0])
+    for category, index in PROMPTS[:int(os.environ.get("N", len(PROMPTS)))]:
+        messages = messages_for(plain, CATEGORIES[category][index], TOKENS)
+        ms: dict[str, list[float]] = {name: [] for name in engines}
+        last = {}
+        for rep in range(REPS):
+            for name, engine in (list(engines.items()) if rep % 2 == 0 else list(engines.items())[::-1]):
+                run = run_once(engine, messages, TOKENS)
+                ms[name].append(run["seconds"] / run["n"] * 1e3)
+                last[name] = run["spec"]
+        line = f"{category} {index}: ms/token " + " ".join(f"{k} {statistics.median(v):.3f}" for k, v in ms.items())
+        print(line + "".join(f" | {k}: {per_call(last[k])}" for k in ("never", "head", "lookup+head")), flush=True)
+
+
+if __name__ == "__main__":
+    main()
