@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edge.speculative import PromptLookup
-from edge.speculative.prompt_lookup import kind
+from edge.speculative.prompt_lookup import STALE, kind
 
 
 def test_copies_what_followed_the_most_recent_match_of_the_longest_ngram():
@@ -55,3 +55,28 @@ def test_kinds_are_bands_of_match_length():
     context = [9, 1, 2, 3, 4, 5, 6, 7, 8, 40, 41, 0, 1, 2, 3, 4, 5, 6, 7, 8]
     draft = PromptLookup().propose(context, 2)  # an 8-token match: the policy for long copies judges it
     assert (draft.tokens, draft.kind) == ([40, 41], "8+-gram")
+
+
+def test_copies_on_from_where_an_edited_copy_left_off():
+    # The source "1 2 3 5 6 7 8 5 9" has two 5s. The answer copies "1 2", replaces 3 by 30, then says 5: the copy
+    # goes on after the source's first 5 (6 7 8), not after the most recent 5 (9).
+    prompt = [1, 2, 3, 5, 6, 7, 8, 5, 9, 0]
+    pl = PromptLookup()
+    assert pl.propose(prompt + [1], 3).tokens == [2, 3, 5]
+    assert pl.propose(prompt + [1, 2, 30], 3).tokens == []  # nothing matches "30"; the position moves on
+    assert pl.propose(prompt + [1, 2, 30, 5], 3).tokens == [6, 7, 8]
+    assert PromptLookup().propose(prompt + [1, 2, 30, 5], 3).tokens == [9, 0, 1]  # no copy position: most recent
+
+
+def test_copy_position_is_forgotten_with_the_conversation_or_after_long_unmatched_runs():
+    prompt = [1, 2, 3, 5, 6, 7, 8, 5, 9, 0]
+    pl = PromptLookup()
+    pl.propose(prompt + [1], 3)
+    pl.begin(prompt)  # a new generation: no copy position
+    assert pl.propose(prompt + [1, 2, 30, 5], 3).tokens == [9, 0, 1]
+    pl.propose(prompt + [1], 3)
+    answer = [1]
+    for t in range(100, 100 + STALE + 1):  # tokens that match nothing, each proposed after
+        answer.append(t)
+        assert pl.propose(prompt + answer, 3).tokens == []
+    assert pl.source is None

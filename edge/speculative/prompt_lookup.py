@@ -1,12 +1,21 @@
 """Prompt lookup: the answer often copies the conversation (rewrites, summaries, code edits, repeated answers).
 
-Match the last n tokens (n from `max_ngram` down to 1) at their most recent earlier occurrence anywhere in the
-context, and propose what followed it there. Costs microseconds and no model.
+Match the last n tokens (n from `max_ngram` down to 1) at an earlier occurrence anywhere in the context, and propose
+what followed it there. Costs microseconds and no model.
+
+Which occurrence: the one nearest to where the answer was copying from, else the most recent. A rewrite copies its
+source in order with edits, so after "smooth" became "smoothly" the next "," to copy from is the one a token after
+the source's "smooth", not the last "," in the text (the drafter keeps that position, advancing it by one per token
+the answer adds, which keeps it aligned across a word replaced by another). Replayed on the speculative benchmark's
+outputs with every draft cut to what passes, rewrite went from 2.34x to 2.52x of plain decoding (copying from the
+best occurrence at every step: 2.58x); with the adaptive policy from 2.04x to 2.23x, code 1.31x -> 1.36x,
+summarise 3.09x -> 3.00x, and on 13 other prompts no change. Measured in one interleaved run: rewrite 1.69x ->
+1.75x, code 1.16x -> 1.26x, summarise 2.77x -> 2.85x, repeat 3.02x -> 2.88x (benchmarks/RESULTS.md, session 13).
 
 The draft's kind (which adaptive depth policy judges it) is its match length in bands: a copy that already agrees
 with 8 tokens of context keeps agreeing far longer than a 1-token match, so the bands learn their own depths.
-Measured offline on the speculative benchmark's outputs with the adaptive policy (max_ngram 3 and kinds by n, to
-bands up to 8): rewrite 1.87x -> 1.94x, summarise 2.61x -> 2.87x, repeat 2.86x -> 3.34x of plain decoding.
+Measured offline on the same outputs (max_ngram 3 and kinds by n, to bands up to 8): rewrite 1.87x -> 1.94x,
+summarise 2.61x -> 2.87x, repeat 2.86x -> 3.34x.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from edge.speculative.drafter import Draft, Drafter
 
 
 BANDS = ((1, "1-gram"), (3, "2-3-gram"), (7, "4-7-gram"))  # longer: "8+-gram"
+NEAR = 4  # how far (tokens) from the copy position an occurrence counts as the copy going on
+STALE = 16  # tokens without any match after which the copy position is forgotten
 
 
 def kind(n: int) -> str:
@@ -32,14 +43,32 @@ class PromptLookup(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.reset()
 
-    def propose(self, context: list[int], depth: int) -> Draft:
-        if depth <= 0 or len(context) < 2:
-            return Draft()
-        ids = np.asarray(context, dtype=np.int64)
-        # Runs every step, so it must cost microseconds: find the earlier occurrences of the last token once, then
-        # keep those whose preceding tokens match too, one n at a time (comparing whole windows for every n cost
-        # ~0.2 ms at 300 tokens, 3% of an int4 step). Ends lie in 0..len-2: each is followed by >= 1 token.
+    def reset(self) -> None:
+        self.source: int | None = None  # context index the next token is expected to copy
+        self.seen = 0  # context length at the last propose()
+        self.unmatched = 0  # tokens since the last match
+
+    def begin(self, context: list[int]) -> None:
+        self.reset()
+
+    def _follow_answer(self, length: int) -> None:
+        """Move the copy position along with the tokens added since the last call: one source token per token,
+        copied or replaced alike."""
+        added = length - self.seen
+        if added < 0 or self.source is None:  # another conversation, or nothing being copied
+            self.source = None
+        else:
+            self.source += added
+        self.seen = length
+
+    def _match(self, ids: np.ndarray) -> tuple[np.ndarray | None, int]:
+        """Ends of the earlier occurrences of the longest matching suffix (n tokens).
+
+        Runs every step, so it must cost microseconds: find the earlier occurrences of the last token once, then
+        keep those whose preceding tokens match too, one n at a time (comparing whole windows for every n cost
+        ~0.2 ms at 300 tokens, 3% of an int4 step). Ends lie in 0..len-2: each is followed by >= 1 token."""
         ends = np.flatnonzero(ids[:-1] == ids[-1])
         found, n = (ends, 1) if ends.size else (None, 0)
         for m in range(2, min(self.max_ngram, len(ids) - 1) + 1):
@@ -48,9 +77,30 @@ class PromptLookup(Drafter):
             if not ends.size:
                 break
             found, n = ends, m
-        if found is None or n < self.min_ngram:
+        return found, n
+
+    def _start(self, ends: np.ndarray) -> int:
+        """Where to copy from: the occurrence nearest the copy position if one is near, else the most recent."""
+        starts = ends + 1
+        if self.source is not None:
+            distance = np.abs(starts - self.source)
+            if distance.min() <= NEAR:
+                return int(starts[np.argmin(distance)])
+        return int(starts[-1])
+
+    def propose(self, context: list[int], depth: int) -> Draft:
+        self._follow_answer(len(context))
+        if depth <= 0 or len(context) < 2:
             return Draft()
-        start = int(found[-1]) + 1
+        ids = np.asarray(context, dtype=np.int64)
+        found, n = self._match(ids)
+        if found is None or n < self.min_ngram:
+            self.unmatched += 1
+            if self.unmatched > STALE:
+                self.source = None
+            return Draft()
+        start = self._start(found)
+        self.source, self.unmatched = start, 0
         draft = Draft.chain(ids[start:start + depth].tolist())
         draft.kind = kind(n)
         return draft
