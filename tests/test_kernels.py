@@ -182,6 +182,8 @@ def test_int8_activations_are_exact_on_rounded_x_and_batch_invariant(group: int,
     y = fast(x)
     assert_close_to_reference(y, x, w, bias, rtol=2e-2)
     np.testing.assert_array_equal(np.concatenate([fast(x[i : i + 1]) for i in range(17)]), y)
+    for m in range(2, 17):  # every split into blocks of 8 and 4 rows and their remainders
+        np.testing.assert_array_equal(fast(x[:m]), y[:m])
     if ek.kernel_isa(4, accuracy_level=4) != "portable":  # the portable kernel ignores the level
         assert_close_to_reference(y, int8_activations(x, group), w, bias, rtol=1e-5)
         with pytest.raises(AssertionError):
