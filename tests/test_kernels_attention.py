@@ -253,11 +253,17 @@ def _run_this_file(**env: str) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
-@pytest.mark.skipif(os.environ.get("EDGE_KERNELS_ISA") == "portable" or DEVICE != "cpu",
-                    reason="already the portable kernel, or on CUDA")
+@pytest.mark.skipif("EDGE_KERNELS_ISA" in os.environ or DEVICE != "cpu", reason="a kernel was chosen, or on CUDA")
 def test_the_portable_kernel_passes_the_same_tests():
     """The kernel choice is made once per process: run this file again on the portable kernel."""
     _run_this_file(EDGE_KERNELS_ISA="portable")
+
+
+@pytest.mark.skipif("EDGE_KERNELS_ISA" in os.environ or DEVICE != "cpu", reason="a kernel was chosen, or on CUDA")
+def test_the_avx2_kernel_passes_the_same_tests():
+    """Where the AVX-512 kernel runs by default, the AVX2 one still serves CPUs without it (or the best this CPU
+    has, where it has no AVX2)."""
+    _run_this_file(EDGE_KERNELS_ISA="avx2")
 
 
 @pytest.mark.skipif(DEVICE != "cpu" or not cuda_available(), reason="needs onnxruntime-gpu, a GPU and the CUDA build")

@@ -85,8 +85,9 @@ inline int64_t task_blocks(const AttentionArgs& a) {
 using AttendFn = void (*)(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch);
 void attend_portable(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch);
 void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch);
+void attend_avx512(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch);
 
-// The kernel this process uses (the same ISA choice as edge.QMatMul's; AVX2 needs D % 8 == 0).
+// The kernel this process uses (the same ISA choice as edge.QMatMul's; AVX-512 needs D % 16 == 0, AVX2 D % 8 == 0).
 AttendFn select_attend_fn(int64_t head_dim);
 
 }  // namespace edge

@@ -39,6 +39,7 @@ void attend_portable(const AttentionArgs& a, int64_t s, int64_t h0, int64_t coun
 }
 
 AttendFn select_attend_fn(int64_t head_dim) {
+  if (uses_avx512() && head_dim % 16 == 0) return attend_avx512;
   return uses_avx2() && head_dim % 8 == 0 ? attend_avx2 : attend_portable;
 }
 

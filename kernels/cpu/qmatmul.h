@@ -137,6 +137,8 @@ bool reads_digits(TilesFn fn);
 
 // Whether this process runs the AVX2 (or wider) kernels: the CPU has them and EDGE_KERNELS_ISA does not say portable.
 bool uses_avx2();
+// Whether it runs the AVX-512 kernels (avx512 or avx512vnni chosen).
+bool uses_avx512();
 
 float half_to_float(uint16_t h);
 

@@ -317,6 +317,8 @@ TilesFn select_tiles_fn(int bits, int digits) {
 
 bool uses_avx2() { return chosen_isa() != Isa::kPortable; }
 
+bool uses_avx512() { return chosen_isa() == Isa::kAvx512 || chosen_isa() == Isa::kAvx512Vnni; }
+
 bool reads_digits(TilesFn fn) {
   return fn == qmatmul_tiles_avx512vnni || fn == qmatmul_tiles_avxvnni || fn == qmatmul_tiles_avx2_int8;
 }

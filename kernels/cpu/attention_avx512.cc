@@ -1,0 +1,188 @@
+// The AVX-512 edge.Attention kernel: attention_avx2.cc's tasks and orders with 16-lane vectors, so each key costs
+// half the FMAs (head_dim 64: 4 per dot product and 4 per weighted value instead of 8). The weighted sums keep the
+// AVX2 kernel's per-dimension arithmetic (one FMA chain over the keys in order), so they are bitwise its sums; a dot
+// product folds its 16 lanes to 8 first, so scores may differ from the AVX2 kernel's by rounding, never between
+// calls: rows stay independent of the call's size. Built with -mavx512f; called only when the CPU has it and
+// EDGE_KERNELS_ISA allows (select_attend_fn).
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention.h"
+
+namespace edge {
+namespace {
+
+// exp_avx2 (exp_avx2.h) on 16 lanes: the same operations per lane.
+inline __m512 exp_avx512(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.3f);
+  const __mmask16 live = _mm512_cmp_ps_mask(x, lo, _CMP_GT_OQ), over = _mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i exponent = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 e = _mm512_maskz_mov_ps(live, _mm512_mul_ps(p, _mm512_castsi512_ps(exponent)));
+  return _mm512_mask_blend_ps(over, e, _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+}
+
+inline __m256 high_half(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+// Q queries against 4 keys (D a multiple of 16): per query and key one FMA chain over D in order, then the same
+// tree over its lanes whatever the slot and Q: halves added (lane i + lane i+8), then attention_avx2.cc's pairs.
+template <int Q>
+void dot4(const float* const q[], const float* const keys[4], int64_t D, __m128 out[]) {
+  __m512 acc[Q][4];
+  for (int i = 0; i < Q; ++i)
+    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 16)
+    for (int i = 0; i < Q; ++i) {
+      const __m512 qv = _mm512_loadu_ps(q[i] + d);
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(keys[j] + d), acc[i][j]);
+    }
+  for (int i = 0; i < Q; ++i) {
+    __m256 b[4];
+    for (int j = 0; j < 4; ++j) b[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]), high_half(acc[i][j]));
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(b[0], b[1]), _mm256_hadd_ps(b[2], b[3]));
+    out[i] = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  }
+}
+
+// As attention_avx2.cc's score_keys: scaled scores plus bias, the last block repeating its last key.
+template <int Q>
+void score_keys(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[],
+                float top[]) {
+  const __m128 vscale = _mm_set1_ps(scale);
+  __m128 vtop[Q];
+  for (int i = 0; i < Q; ++i) vtop[i] = _mm_set1_ps(-INFINITY);
+  for (int64_t t = 0; t < r.n; t += 4) {
+    const float* keys[4];
+    alignas(16) float bias[4] = {0, 0, 0, 0};
+    for (int j = 0; j < 4; ++j) {
+      const int64_t k = std::min<int64_t>(t + j, r.n - 1);
+      keys[j] = r.keys + k * D;
+      if (r.bias != nullptr) bias[j] = r.bias[k];
+    }
+    __m128 v[Q];
+    dot4<Q>(q, keys, D, v);
+    const int64_t live = std::min<int64_t>(4, r.n - t);
+    for (int i = 0; i < Q; ++i) {
+      v[i] = _mm_mul_ps(v[i], vscale);
+      if (r.bias != nullptr) v[i] = _mm_add_ps(v[i], _mm_load_ps(bias));
+      vtop[i] = _mm_max_ps(vtop[i], v[i]);
+      if (live == 4) {
+        _mm_storeu_ps(scores[i] + t, v[i]);
+        continue;
+      }
+      alignas(16) float out[4];
+      _mm_store_ps(out, v[i]);
+      std::copy(out, out + live, scores[i] + t);
+    }
+  }
+  for (int i = 0; i < Q; ++i) {
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, vtop[i]);
+    top[i] = *std::max_element(lanes, lanes + 4);
+  }
+}
+
+void exponentials(float* scores, int64_t n, float top) {
+  const __m512 shift = _mm512_set1_ps(top);
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16)
+    _mm512_storeu_ps(scores + t, exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(scores + t), shift)));
+  if (t < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - t)) - 1);
+    _mm512_mask_storeu_ps(scores + t, tail, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, scores + t), shift)));
+  }
+}
+
+// out_i[0..D) += sum over keys k0..k1 of w_i[k] * values[k] for the Q heads at once (their chains interleave, which
+// one head's 4 accumulators for 64 dims could not: each waits on the FMA before it), keys in order, 16 dims per
+// vector. Adds w_i[k] in key order to sum[i].
+template <int Q, int W>
+void weighted_block(const float* const w[], const float* values, int64_t D, int64_t d0, int64_t k0, int64_t k1,
+                    float* const out[], float sum[]) {
+  __m512 acc[Q][W];
+  for (int i = 0; i < Q; ++i)
+    for (int j = 0; j < W; ++j) acc[i][j] = _mm512_loadu_ps(out[i] + d0 + 16 * j);
+  for (int64_t k = k0; k < k1; ++k) {
+    const float* row = values + k * D + d0;
+    for (int i = 0; i < Q; ++i) {
+      if (d0 == 0) sum[i] += w[i][k];
+      const __m512 wk = _mm512_set1_ps(w[i][k]);
+      for (int j = 0; j < W; ++j) acc[i][j] = _mm512_fmadd_ps(wk, _mm512_loadu_ps(row + 16 * j), acc[i][j]);
+    }
+  }
+  for (int i = 0; i < Q; ++i)
+    for (int j = 0; j < W; ++j) _mm512_storeu_ps(out[i] + d0 + 16 * j, acc[i][j]);
+}
+
+// out_i[0..D) += sum over keys k0..k1 of w_i[k] * values[k] for the Q heads at once (their chains interleave, which
+// one head's 4 accumulators for 64 dims could not: each waits on the FMA before it), keys in order, 64 dims per
+// pass, then 16. Adds w_i[k] in key order to sum[i].
+template <int Q>
+void weighted_values(const float* const w[], const float* values, int64_t D, int64_t k0, int64_t k1,
+                     float* const out[], float sum[]) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) weighted_block<Q, 4>(w, values, D, d0, k0, k1, out, sum);
+  for (; d0 < D; d0 += 16) weighted_block<Q, 1>(w, values, D, d0, k0, k1, out, sum);
+}
+
+template <int Q>
+void attend_heads(const RowTask& r, int64_t D, float scale, const float* const q[], float* const scores[],
+                  float* const out[]) {
+  float top[Q], sum[Q] = {};
+  score_keys<Q>(q, r, D, scale, scores, top);
+  for (int i = 0; i < Q; ++i) {
+    exponentials(scores[i], r.n, top[i]);
+    std::fill(out[i], out[i] + D, 0.0f);
+  }
+  const float* w[Q];
+  for (int i = 0; i < Q; ++i) w[i] = scores[i];
+  const int64_t block = std::max<int64_t>(8, 4096 / D);  // values of a block stay in L1 while the heads use them
+  for (int64_t k0 = 0; k0 < r.n; k0 += block)
+    weighted_values<Q>(w, r.values, D, k0, std::min(k0 + block, r.n), out, sum);
+  for (int i = 0; i < Q; ++i) {
+    const __m512 inv = _mm512_set1_ps(1.0f / sum[i]);
+    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(out[i] + d, _mm512_mul_ps(_mm512_loadu_ps(out[i] + d), inv));
+  }
+}
+
+}  // namespace
+
+void attend_avx512(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
+  const int64_t D = a.D, stride = a.P + a.S;
+  thread_local std::vector<float> qbuf;
+  qbuf.resize(static_cast<size_t>(kMaxTaskHeads * D));
+  const float* q[kMaxTaskHeads];
+  float* scores[kMaxTaskHeads];
+  float* out[kMaxTaskHeads];
+  RowTask r{};
+  for (int64_t i = 0; i < count; ++i) {  // the heads share keys, values and bias; each has its query and output
+    r = row_task(a, s, h0 + i, qbuf.data() + i * D);
+    q[i] = qbuf.data() + i * D;
+    scores[i] = scratch + i * stride;
+    out[i] = r.out;
+  }
+  switch (count) {
+    case 1: attend_heads<1>(r, D, a.scale, q, scores, out); break;
+    case 2: attend_heads<2>(r, D, a.scale, q, scores, out); break;
+    default: attend_heads<3>(r, D, a.scale, q, scores, out); break;
+  }
+}
+
+}  // namespace edge
+#endif
