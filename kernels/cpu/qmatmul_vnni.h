@@ -22,8 +22,9 @@ namespace edge {
 namespace vnni {
 
 constexpr int kFlushUnits = 4;  // 4 units of 8 k = 32 k per exact integer block
-// How far ahead the codes are asked for: the whole default model's 1-token step took 3.4 ms instead of 4.0 with
-// 4 KB (1-2 KB: 3.8; 8-16 KB: within the noise of 4), its 8-token step 6.3 instead of 6.9 (benchmarks/RESULTS.md).
+// How far ahead the codes are asked for. Measured on the default model (Zen 5, 2 threads, sizes taking turns):
+// with 4 KB its 1-token step took 3.4 ms against 4.2 without and 3.8 with 1 KB (8-16 KB: within the noise of
+// 4), its 8-token step 6.3 ms against 6.9.
 constexpr int kPrefetch = 4096;
 
 // Rows [m0, m0 + R) of tiles t and t + 1, or of tile t alone (pair = false: both halves read tile t). D digits per
@@ -99,7 +100,8 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
 
 // Rows in blocks: 8 at int8 x in groups of 32 with AVX-512 (two vpdpbusd per row and unit, so the codes' decoding
 // is shared by 8 rows, and 8 rows' accumulators fit its 32 registers), else 4 (three digits: six per row; AVX-VNNI:
-// 16 registers). Measured on the default model (Zen 5, 2 threads): an 8-token step 6.9 ms instead of 8.0.
+// 16 registers). Measured on the default model (Zen 5, 2 threads, sizes taking turns): an 8-token step 6.9 ms
+// instead of 8.0.
 template <class V, int D, bool kOneFlush>
 void tile_all_rows(const QMatMulArgs& a, int64_t t, bool pair) {
   constexpr int kBlock = D == 1 && kOneFlush && V::kTiles == 2 ? 8 : 4;
