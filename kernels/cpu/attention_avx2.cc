@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "attention_scores.h"
 #include "exp_avx2.h"
 
 namespace edge {
@@ -34,45 +35,6 @@ void dot4(const float* const q[], const float* const keys[4], int64_t D, __m128 
   for (int i = 0; i < Q; ++i) {
     const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]), _mm256_hadd_ps(acc[i][2], acc[i][3]));
     out[i] = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  }
-}
-
-// Scaled scores plus bias of Q queries for the task's n keys, into scores[i]; top[i] receives each maximum. The
-// last block repeats the last key in its empty slots and drops their results.
-template <int Q>
-void score_keys(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[],
-                float top[]) {
-  const __m128 vscale = _mm_set1_ps(scale);
-  __m128 vtop[Q];
-  for (int i = 0; i < Q; ++i) vtop[i] = _mm_set1_ps(-INFINITY);
-  for (int64_t t = 0; t < r.n; t += 4) {
-    const float* keys[4];
-    alignas(16) float bias[4] = {0, 0, 0, 0};
-    for (int j = 0; j < 4; ++j) {
-      const int64_t k = std::min<int64_t>(t + j, r.n - 1);
-      keys[j] = r.keys + k * D;
-      if (r.bias != nullptr) bias[j] = r.bias[k];
-    }
-    __m128 v[Q];
-    dot4<Q>(q, keys, D, v);
-    const int64_t live = std::min<int64_t>(4, r.n - t);
-    for (int i = 0; i < Q; ++i) {
-      v[i] = _mm_mul_ps(v[i], vscale);
-      if (r.bias != nullptr) v[i] = _mm_add_ps(v[i], _mm_load_ps(bias));
-      vtop[i] = _mm_max_ps(vtop[i], v[i]);  // a repeated key changes no maximum
-      if (live == 4) {  // a copy of 1-4 floats through the stack stalled on store forwarding: 28% of a call
-        _mm_storeu_ps(scores[i] + t, v[i]);
-        continue;
-      }
-      alignas(16) float out[4];
-      _mm_store_ps(out, v[i]);
-      std::copy(out, out + live, scores[i] + t);
-    }
-  }
-  for (int i = 0; i < Q; ++i) {
-    alignas(16) float lanes[4];
-    _mm_store_ps(lanes, vtop[i]);
-    top[i] = *std::max_element(lanes, lanes + 4);
   }
 }
 
@@ -135,9 +97,9 @@ void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, f
   }
   float top[kMaxTaskHeads], sum[kMaxTaskHeads] = {};
   switch (count) {
-    case 1: score_keys<1>(q, r, D, a.scale, scores, top); break;
-    case 2: score_keys<2>(q, r, D, a.scale, scores, top); break;
-    default: score_keys<3>(q, r, D, a.scale, scores, top); break;
+    case 1: score_keys<1>(q, r, D, a.scale, scores, top, [](auto... x) { dot4<1>(x...); }); break;
+    case 2: score_keys<2>(q, r, D, a.scale, scores, top, [](auto... x) { dot4<2>(x...); }); break;
+    default: score_keys<3>(q, r, D, a.scale, scores, top, [](auto... x) { dot4<3>(x...); }); break;
   }
   for (int64_t i = 0; i < count; ++i) {
     exponentials(scores[i], r.n, top[i]);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "attention_scores.h"
 
 namespace edge {
 namespace {
@@ -57,44 +58,6 @@ void dot4(const float* const q[], const float* const keys[4], int64_t D, __m128 
     for (int j = 0; j < 4; ++j) b[j] = _mm256_add_ps(_mm512_castps512_ps256(acc[i][j]), high_half(acc[i][j]));
     const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(b[0], b[1]), _mm256_hadd_ps(b[2], b[3]));
     out[i] = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  }
-}
-
-// As attention_avx2.cc's score_keys: scaled scores plus bias, the last block repeating its last key.
-template <int Q>
-void score_keys(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[],
-                float top[]) {
-  const __m128 vscale = _mm_set1_ps(scale);
-  __m128 vtop[Q];
-  for (int i = 0; i < Q; ++i) vtop[i] = _mm_set1_ps(-INFINITY);
-  for (int64_t t = 0; t < r.n; t += 4) {
-    const float* keys[4];
-    alignas(16) float bias[4] = {0, 0, 0, 0};
-    for (int j = 0; j < 4; ++j) {
-      const int64_t k = std::min<int64_t>(t + j, r.n - 1);
-      keys[j] = r.keys + k * D;
-      if (r.bias != nullptr) bias[j] = r.bias[k];
-    }
-    __m128 v[Q];
-    dot4<Q>(q, keys, D, v);
-    const int64_t live = std::min<int64_t>(4, r.n - t);
-    for (int i = 0; i < Q; ++i) {
-      v[i] = _mm_mul_ps(v[i], vscale);
-      if (r.bias != nullptr) v[i] = _mm_add_ps(v[i], _mm_load_ps(bias));
-      vtop[i] = _mm_max_ps(vtop[i], v[i]);
-      if (live == 4) {
-        _mm_storeu_ps(scores[i] + t, v[i]);
-        continue;
-      }
-      alignas(16) float out[4];
-      _mm_store_ps(out, v[i]);
-      std::copy(out, out + live, scores[i] + t);
-    }
-  }
-  for (int i = 0; i < Q; ++i) {
-    alignas(16) float lanes[4];
-    _mm_store_ps(lanes, vtop[i]);
-    top[i] = *std::max_element(lanes, lanes + 4);
   }
 }
 
@@ -145,7 +108,7 @@ template <int Q>
 void attend_heads(const RowTask& r, int64_t D, float scale, const float* const q[], float* const scores[],
                   float* const out[]) {
   float top[Q], sum[Q] = {};
-  score_keys<Q>(q, r, D, scale, scores, top);
+  score_keys<Q>(q, r, D, scale, scores, top, [](auto... x) { dot4<Q>(x...); });
   for (int i = 0; i < Q; ++i) {
     exponentials(scores[i], r.n, top[i]);
     std::fill(out[i], out[i] + D, 0.0f);

