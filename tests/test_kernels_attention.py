@@ -181,11 +181,11 @@ def test_each_row_of_a_chain_equals_the_row_decoded_alone(window):
     np.testing.assert_array_equal(together.cache[1], alone.cache[1])
 
 
-@pytest.mark.parametrize("heads", [(4, 1, 64), (8, 1, 96), (2, 2, 64), (8, 2, 128), (9, 3, 64)])
+@pytest.mark.parametrize("heads", [(4, 1, 64), (8, 1, 96), (2, 2, 64), (8, 2, 128), (9, 3, 64), (4, 1, 256), (6, 2, 48)])
 def test_head_layouts_match_the_reference_and_rows_their_one_token_steps(heads):
     """The CPU kernel attends up to three heads of a kv group per task (a group of 4 as 2 + 2, of 8 as 3 + 3 + 2) and
-    head dims in blocks of 64 plus a tail of 8s: every layout against float64, and each row of a chain bitwise
-    equal to the row decoded alone."""
+    head dims in blocks of 64 plus a tail of 8s (AVX2) or 16s (AVX-512; 256 is Gemma 3's): every layout against
+    float64, and each row of a chain bitwise equal to the row decoded alone."""
     rng = np.random.default_rng(sum(heads))
     q, k, v = rows(rng, 5, heads)
     together, alone = Attention(heads=heads), Attention(heads=heads)
