@@ -8,10 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "attention.h"
-#include "attention_scores.h"
+#include "attention_x86.h"
 #include "exp_avx2.h"
 
 namespace edge {
@@ -82,19 +81,12 @@ float weighted_values(const float* w, const float* values, int64_t D, int64_t k0
 }  // namespace
 
 void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
-  const int64_t D = a.D, stride = a.P + a.S;
-  thread_local std::vector<float> qbuf;
-  qbuf.resize(static_cast<size_t>(kMaxTaskHeads * D));
-  const float* q[kMaxTaskHeads];
-  float* scores[kMaxTaskHeads];
-  float* out[kMaxTaskHeads];
-  RowTask r{};
-  for (int64_t i = 0; i < count; ++i) {  // the heads share keys, values and bias; each has its query and output
-    r = row_task(a, s, h0 + i, qbuf.data() + i * D);
-    q[i] = qbuf.data() + i * D;
-    scores[i] = scratch + i * stride;
-    out[i] = r.out;
-  }
+  const int64_t D = a.D;
+  const TaskHeads t = task_heads(a, s, h0, count, scratch);
+  const RowTask& r = t.row;
+  const float* const* q = t.q;
+  float* const* scores = t.scores;
+  float* const* out = t.out;
   float top[kMaxTaskHeads], sum[kMaxTaskHeads] = {};
   switch (count) {
     case 1: score_keys<1>(q, r, D, a.scale, scores, top, [](auto... x) { dot4<1>(x...); }); break;

@@ -10,10 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
 
 #include "attention.h"
-#include "attention_scores.h"
+#include "attention_x86.h"
 
 namespace edge {
 namespace {
@@ -127,19 +126,12 @@ void attend_heads(const RowTask& r, int64_t D, float scale, const float* const q
 }  // namespace
 
 void attend_avx512(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
-  const int64_t D = a.D, stride = a.P + a.S;
-  thread_local std::vector<float> qbuf;
-  qbuf.resize(static_cast<size_t>(kMaxTaskHeads * D));
-  const float* q[kMaxTaskHeads];
-  float* scores[kMaxTaskHeads];
-  float* out[kMaxTaskHeads];
-  RowTask r{};
-  for (int64_t i = 0; i < count; ++i) {  // the heads share keys, values and bias; each has its query and output
-    r = row_task(a, s, h0 + i, qbuf.data() + i * D);
-    q[i] = qbuf.data() + i * D;
-    scores[i] = scratch + i * stride;
-    out[i] = r.out;
-  }
+  const int64_t D = a.D;
+  const TaskHeads t = task_heads(a, s, h0, count, scratch);
+  const RowTask& r = t.row;
+  const float* const* q = t.q;
+  float* const* scores = t.scores;
+  float* const* out = t.out;
   switch (count) {
     case 1: attend_heads<1>(r, D, a.scale, q, scores, out); break;
     case 2: attend_heads<2>(r, D, a.scale, q, scores, out); break;

@@ -1,17 +1,40 @@
-// The score pass of the x86 edge.Attention kernels (attention_avx2.cc, attention_avx512.cc), over each one's dot
-// product of Q queries and 4 keys. Include only from those translation units: each compiles its own copy with its
-// own ISA flags, so everything here has internal linkage.
+// What the x86 edge.Attention kernels (attention_avx2.cc, attention_avx512.cc) share: a task's heads and the score
+// pass over each one's dot product of Q queries and 4 keys. Include only from those translation units: each compiles
+// its own copy with its own ISA flags, so everything here has internal linkage.
 #pragma once
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "attention.h"
 
 namespace edge {
 namespace {
+
+// The heads of one task (a row and up to kMaxTaskHeads heads of one kv group): each one's rotated query (in a
+// per-thread buffer), score row (in `scratch`) and output slice; the keys, values and bias they share are in `row`.
+struct TaskHeads {
+  const float* q[kMaxTaskHeads];
+  float* scores[kMaxTaskHeads];
+  float* out[kMaxTaskHeads];
+  RowTask row{};
+};
+
+TaskHeads task_heads(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
+  thread_local std::vector<float> qbuf;
+  qbuf.resize(static_cast<size_t>(kMaxTaskHeads * a.D));
+  TaskHeads t;
+  for (int64_t i = 0; i < count; ++i) {
+    t.row = row_task(a, s, h0 + i, qbuf.data() + i * a.D);
+    t.q[i] = qbuf.data() + i * a.D;
+    t.scores[i] = scratch + i * (a.P + a.S);
+    t.out[i] = t.row.out;
+  }
+  return t;
+}
 
 // Scaled scores plus bias of Q queries for the task's n keys, into scores[i]; top[i] receives each maximum. The
 // last block repeats the last key in its empty slots and drops their results. Dot4(q, keys, D, out) puts the 4 keys'
