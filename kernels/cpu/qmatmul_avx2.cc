@@ -71,12 +71,12 @@ __m256 gate_activation_avx2(int gated, __m256 x) {
 template <int R, bool kGroup32>
 void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
   const int64_t units_per_group = kGroup32 && R == 1 ? vnni::kFlushUnits : a.group / 8;
-  const int64_t units_total = a.Kp / 8;
   const uint8_t* unit = a.codes + t * a.tile_bytes;
   const __m256i nibbles = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  const int32_t* xd[R];
-  for (int r = 0; r < R; ++r) xd[r] = a.xd + (m0 + r) * units_total * 2;
+  // x of the R rows: int8_tiles runs whole blocks of digit_row's layout, so one pointer and constant strides.
+  const int32_t* xd = a.xd + digit_row(a, m0).words;
+  const int64_t unit_stride = R * 2, stat_stride = R, stat0 = digit_row(a, m0).stat;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < a.G; ++g) {
@@ -95,7 +95,7 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
         const __m256i odd = _mm256_and_si256(_mm256_srli_epi16(w, 4), nibbles);  // k = 2b + 1
         const int64_t uu = g * units_per_group + u0 + u;
         for (int r = 0; r < R; ++r) {
-          const int32_t* d = xd[r] + uu * 2;
+          const int32_t* d = xd + uu * unit_stride + r * 2;
           const __m256i pe = _mm256_maddubs_epi16(even, _mm256_set1_epi32(d[0]));
           const __m256i po = _mm256_maddubs_epi16(odd, _mm256_set1_epi32(d[1]));
           s16[r] = _mm256_add_epi16(s16[r], _mm256_add_epi16(pe, po));
@@ -110,7 +110,7 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
     const __m256 s = group_scale<Avx2>(a, at, 0);
     const __m256 sz = group_sz<Avx2>(a, at, 0, s);
     for (int r = 0; r < R; ++r) {
-      const int64_t mg = (m0 + r) * a.G + g;
+      const int64_t mg = stat0 + g * stat_stride + r;
       acc[r] = _mm256_fmadd_ps(accg[r], _mm256_mul_ps(s, _mm256_set1_ps(a.xpow[mg])), acc[r]);
       acc[r] = _mm256_fnmadd_ps(sz, _mm256_set1_ps(a.xsum[mg]), acc[r]);
     }
@@ -125,7 +125,7 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
 // One group of one row at accuracy_level 4 (one digit: x rounded to int8), as group_digits in qmatmul_portable.cc
 // computes it (same amax, scale and rounding to nearest even, so the same bytes), 8 k at a time: the scalar loop
 // cost an 8-token SmolLM2 verify step ~1 ms.
-void group_int8_avx2(const float* x, int64_t group, int32_t* out, float* pow_out, float* sum_out) {
+void group_int8_avx2(const float* x, int64_t group, int32_t* out, int64_t unit_stride, float* pow_out, float* sum_out) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   __m256 vmax = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
@@ -135,7 +135,7 @@ void group_int8_avx2(const float* x, int64_t group, int32_t* out, float* pow_out
     vmax = _mm256_max_ps(vmax, v);
   }
   if (_mm256_movemask_ps(bad) != 0) {  // the row's outputs become NaN, as in fp32
-    std::fill(out, out + group / 4, 0);
+    for (int64_t u = 0; u < group / 8; ++u) std::fill(out + u * unit_stride, out + u * unit_stride + 2, 0);
     *pow_out = *sum_out = std::numeric_limits<float>::quiet_NaN();
     return;
   }
@@ -147,7 +147,7 @@ void group_int8_avx2(const float* x, int64_t group, int32_t* out, float* pow_out
   const __m256i order = _mm256_setr_epi8(0, 8, 4, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
                                          0, 8, 4, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
   __m256i vsum = _mm256_setzero_si256();
-  for (int64_t i = 0; i < group; i += 8, out += 2) {  // one 8-k unit: [even k bytes, odd k bytes]
+  for (int64_t i = 0; i < group; i += 8, out += unit_stride) {  // one 8-k unit: [even k bytes, odd k bytes]
     __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), mul));  // round to nearest even
     v = _mm256_max_epi32(_mm256_min_epi32(v, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
     vsum = _mm256_add_epi32(vsum, v);
@@ -205,11 +205,9 @@ void widen_halves_avx2(const uint16_t* in, int64_t n, float* out) {
 }
 
 void prepare_int8_avx2(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
-  const int64_t units_total = a.Kp / 8;
-  for (int64_t m = 0; m < a.M; ++m)
-    for (int64_t g = 0; g < a.G; ++g)
-      group_int8_avx2(a.x + m * a.ldx + g * a.group, a.group, xd + (m * units_total + g * (a.group / 8)) * 2,
-                      xpow + m * a.G + g, xsum + m * a.G + g);
+  prepare_rows(a, xd, xpow, xsum, [&](const float* x, int32_t* out, int64_t stride, float* pow_out, float* sum_out) {
+    group_int8_avx2(x, a.group, out, stride, pow_out, sum_out);
+  });
 }
 
 namespace {

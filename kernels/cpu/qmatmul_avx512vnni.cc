@@ -12,8 +12,10 @@
 namespace edge {
 namespace {
 
-// One group of one row: scale, round, split into digits, and store them in the kernel's order (see prepare_digits).
-void group_digits(const float* x, int64_t group, int digits, int32_t* out, float* pow_out, float* sum_out) {
+// One group of one row: scale, round, split into digits, and store them in the kernel's order (see prepare_digits),
+// unit u at out + u * unit_stride.
+void group_digits(const float* x, int64_t group, int digits, int32_t* out, int64_t unit_stride, float* pow_out,
+                  float* sum_out) {
   const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   __m512 vmax = _mm512_setzero_ps();
   __mmask16 bad = 0;
@@ -24,7 +26,7 @@ void group_digits(const float* x, int64_t group, int digits, int32_t* out, float
   }
   const float amax = _mm512_reduce_max_ps(vmax);
   if (bad != 0) {  // inf/nan in x: the row's outputs become NaN, as in fp32
-    for (int64_t i = 0; i < group / 8 * 2 * digits; ++i) out[i] = 0;
+    for (int64_t u = 0; u < group / 8; ++u) std::fill(out + u * unit_stride, out + u * unit_stride + 2 * digits, 0);
     *pow_out = *sum_out = std::numeric_limits<float>::quiet_NaN();
     return;
   }
@@ -45,10 +47,10 @@ void group_digits(const float* x, int64_t group, int digits, int32_t* out, float
     _mm_store_si128(reinterpret_cast<__m128i*>(w[0]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(d0), order));
     _mm_store_si128(reinterpret_cast<__m128i*>(w[1]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(d1), order));
     _mm_store_si128(reinterpret_cast<__m128i*>(w[2]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(d2), order));
-    int32_t* unit = out + i / 8 * 2 * digits;  // two units: [even d0.., odd d0..] each
+    int32_t* unit = out + i / 8 * unit_stride;  // two units: [even d0.., odd d0..] each
     for (int u = 0; u < 2; ++u)
       for (int p = 0; p < 2; ++p)
-        for (int j = 0; j < digits; ++j) unit[u * 2 * digits + p * digits + j] = w[j][u * 2 + p];
+        for (int j = 0; j < digits; ++j) unit[u * unit_stride + p * digits + j] = w[j][u * 2 + p];
   }
   *pow_out = scale.step;
   *sum_out = static_cast<float>(_mm512_reduce_add_epi32(vsum)) * scale.step;
@@ -57,11 +59,9 @@ void group_digits(const float* x, int64_t group, int digits, int32_t* out, float
 }  // namespace
 
 void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
-  const int64_t units_total = a.Kp / 8;
-  for (int64_t m = 0; m < a.M; ++m)
-    for (int64_t g = 0; g < a.G; ++g)
-      group_digits(a.x + m * a.ldx + g * a.group, a.group, a.digits,
-                   xd + (m * units_total + g * (a.group / 8)) * 2 * a.digits, xpow + m * a.G + g, xsum + m * a.G + g);
+  prepare_rows(a, xd, xpow, xsum, [&](const float* x, int32_t* out, int64_t stride, float* pow_out, float* sum_out) {
+    group_digits(x, a.group, a.digits, out, stride, pow_out, sum_out);
+  });
 }
 
 namespace {

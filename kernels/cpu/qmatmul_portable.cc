@@ -199,7 +199,9 @@ void prepare_int8_avx2(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xs
 namespace {
 
 // One group of one row, exactly as the AVX-512 version (same rounding, same digits, same order).
-void group_digits(const float* x, int64_t group, int digits, int32_t* out, float* pow_out, float* sum_out) {
+// Unit u of the group goes to out + u * unit_stride (digit_row's layout).
+void group_digits(const float* x, int64_t group, int digits, int32_t* out, int64_t unit_stride, float* pow_out,
+                  float* sum_out) {
   float amax = 0.0f;
   bool bad = false;
   for (int64_t i = 0; i < group; ++i) {
@@ -208,7 +210,7 @@ void group_digits(const float* x, int64_t group, int digits, int32_t* out, float
     amax = v > amax ? v : amax;
   }
   if (bad) {
-    for (int64_t i = 0; i < group / 8 * 2 * digits; ++i) out[i] = 0;
+    for (int64_t u = 0; u < group / 8; ++u) std::fill(out + u * unit_stride, out + u * unit_stride + 2 * digits, 0);
     *pow_out = *sum_out = std::numeric_limits<float>::quiet_NaN();
     return;
   }
@@ -231,7 +233,7 @@ void group_digits(const float* x, int64_t group, int digits, int32_t* out, float
       d[2][i] = static_cast<int8_t>((v1 - d1) >> 8);
     }
     // [even d0.., odd d0..], digits of k = p, p+2, p+4, p+6 in bytes 0..3
-    int32_t* w = out + u * 2 * digits;
+    int32_t* w = out + u * unit_stride;
     for (int p = 0; p < 2; ++p)
       for (int j = 0; j < digits; ++j) {
         uint32_t word = 0;
@@ -246,11 +248,9 @@ void group_digits(const float* x, int64_t group, int digits, int32_t* out, float
 }  // namespace
 
 void prepare_digits(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
-  const int64_t units_total = a.Kp / 8;
-  for (int64_t m = 0; m < a.M; ++m)
-    for (int64_t g = 0; g < a.G; ++g)
-      group_digits(a.x + m * a.ldx + g * a.group, a.group, a.digits,
-                   xd + (m * units_total + g * (a.group / 8)) * 2 * a.digits, xpow + m * a.G + g, xsum + m * a.G + g);
+  prepare_rows(a, xd, xpow, xsum, [&](const float* x, int32_t* out, int64_t stride, float* pow_out, float* sum_out) {
+    group_digits(x, a.group, a.digits, out, stride, pow_out, sum_out);
+  });
 }
 
 void prescale_x(const QMatMulArgs& a, float* out) {

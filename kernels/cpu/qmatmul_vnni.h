@@ -30,18 +30,20 @@ constexpr int kPrefetch = 4096;
 // Rows [m0, m0 + R) of tiles t and t + 1, or of tile t alone (pair = false: both halves read tile t). D digits per
 // x value: 3 (23-bit x, the default) or 1 (int8 x, accuracy_level 4: a third of the vpdpbusd). kOneFlush: groups
 // of 32 k, one flush each, so a group's sum is its flush's (0 + x is x) and needs no float register of its own.
-template <class V, int R, int D, bool kOneFlush>
+// kWhole: the R rows are a whole block of digit_row's layout, so its strides are constants.
+template <class V, int R, int D, bool kOneFlush, bool kWhole>
 void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
   using F = typename V::F;
   using I = typename V::I;
   const int64_t units_per_group = a.group / 8;
-  const int64_t units_total = a.Kp / 8;
   const uint8_t* unit = a.codes + t * a.tile_bytes;
   const int64_t group_stride = pair ? a.G * 8 : 0;
   const int64_t tile_stride = pair ? a.tile_bytes : 0;
   const I nibbles = V::set1i(0x0F0F0F0F);
-  const int32_t* xd[R];
-  for (int r = 0; r < R; ++r) xd[r] = a.xd + (m0 + r) * units_total * 2 * D;
+  const DigitRow row = digit_row(a, m0);  // one pointer serves the R rows
+  const int32_t* xd = a.xd + row.words;
+  const int64_t unit_stride = kWhole ? R * 2 * D : row.unit_stride;
+  const int64_t stat_stride = kWhole ? R : row.group_stride;
   F acc[R];
   for (int r = 0; r < R; ++r) acc[r] = V::zero();
   for (int64_t g = 0; g < a.G; ++g) {
@@ -61,7 +63,7 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
         const I odd = V::and_(V::template srli<4>(w), nibbles);
         const int64_t uu = g * units_per_group + u0 + u;
         for (int r = 0; r < R; ++r) {
-          const int32_t* d = xd[r] + uu * 2 * D;
+          const int32_t* d = xd + uu * unit_stride + r * 2 * D;
           if (D == 1) {  // even and odd k into two registers: one chain per row would wait on vpdpbusd latency
             s0[r] = V::dpbusd(s0[r], even, V::set1i(d[0]));
             s1[r] = V::dpbusd(s1[r], odd, V::set1i(d[1]));
@@ -85,7 +87,7 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
     const F s = group_scale<V>(a, at, group_stride);
     const F sz = group_sz<V>(a, at, group_stride, s);
     for (int r = 0; r < R; ++r) {
-      const int64_t mg = (m0 + r) * a.G + g;
+      const int64_t mg = row.stat + g * stat_stride + r;
       acc[r] = V::fmadd(accg[r], V::mul(s, V::set1(a.xpow[mg])), acc[r]);
       acc[r] = V::fnmadd(sz, V::set1(a.xsum[mg]), acc[r]);
     }
@@ -105,20 +107,23 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
 template <class V, int D, bool kOneFlush>
 void tile_all_rows(const QMatMulArgs& a, int64_t t, bool pair) {
   constexpr int kBlock = D == 1 && kOneFlush && V::kTiles == 2 ? 8 : 4;
+  constexpr bool kWhole = kBlock == kDigitRows;  // then every call below runs a whole block
   int64_t m0 = 0;
-  for (; m0 + kBlock <= a.M; m0 += kBlock) tile_rows<V, kBlock, D, kOneFlush>(a, t, m0, pair);
+  for (; m0 + kBlock <= a.M; m0 += kBlock) tile_rows<V, kBlock, D, kOneFlush, kWhole>(a, t, m0, pair);
   switch (a.M - m0) {
-    case 1: tile_rows<V, 1, D, kOneFlush>(a, t, m0, pair); break;
-    case 2: tile_rows<V, 2, D, kOneFlush>(a, t, m0, pair); break;
-    case 3: tile_rows<V, 3, D, kOneFlush>(a, t, m0, pair); break;
+    case 1:  // one row alone (plain decoding) is a whole block
+      (a.M == 1 ? tile_rows<V, 1, D, kOneFlush, true> : tile_rows<V, 1, D, kOneFlush, kWhole>)(a, t, m0, pair);
+      break;
+    case 2: tile_rows<V, 2, D, kOneFlush, kWhole>(a, t, m0, pair); break;
+    case 3: tile_rows<V, 3, D, kOneFlush, kWhole>(a, t, m0, pair); break;
     default: break;
   }
   if constexpr (kBlock == 8) {
     switch (a.M - m0) {
-      case 4: tile_rows<V, 4, D, kOneFlush>(a, t, m0, pair); break;
-      case 5: tile_rows<V, 5, D, kOneFlush>(a, t, m0, pair); break;
-      case 6: tile_rows<V, 6, D, kOneFlush>(a, t, m0, pair); break;
-      case 7: tile_rows<V, 7, D, kOneFlush>(a, t, m0, pair); break;
+      case 4: tile_rows<V, 4, D, kOneFlush, kWhole>(a, t, m0, pair); break;
+      case 5: tile_rows<V, 5, D, kOneFlush, kWhole>(a, t, m0, pair); break;
+      case 6: tile_rows<V, 6, D, kOneFlush, kWhole>(a, t, m0, pair); break;
+      case 7: tile_rows<V, 7, D, kOneFlush, kWhole>(a, t, m0, pair); break;
       default: break;
     }
   }
