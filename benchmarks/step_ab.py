@@ -5,9 +5,9 @@
 Each library runs in fresh processes (EDGE_KERNELS_LIBRARY), in alternating order round by round, so a busy
 neighbour slows all of them alike. Each process times steps of 1-16 tokens on top of a `past`-token cache, the
 cache trimmed back after each, two ways: in runs of 20 steps of one size (the steady state, as plain decoding
-runs its 1-token steps) and with the sizes taking turns (CostCurve.measure, what the speculative policy uses). They
-differ: a 1-token step right after a larger one costs 10-17% more than in a run of 1-token steps (measured on a
-Zen 5), so the turns' ratios come out lower. Prints the median over rounds of each size's time and its ratio to
+runs its 1-token steps) and with the sizes taking turns (CostCurve.measure, what the speculative policy uses; its
+1-token cost is that of a short run of them since session 14: a 1-token step right after a larger one costs 5-17%
+more, measured on a Zen 5). Prints the median over rounds of each size's time and its ratio to
 the 1-token step. Build a library to compare with `python kernels/build.py --no-cuda` and copy
 kernels/libedge_kernels.so away first.
 """

@@ -116,6 +116,27 @@ def test_measuring_leaves_the_cache_as_it_was_and_is_cached(tmp_path, monkeypatc
     assert CostCurve.cached(decoder, threads=1) == curve  # read back, not measured again
 
 
+def test_the_one_token_cost_is_that_of_a_run_of_them(tmp_path):
+    """Plain decoding runs 1-token steps back to back; one right after a larger step costs more (on a Zen 5, 5-10%).
+    Here such a step costs 20 ms more: the curve's S=1 must not include it, or every draft looks that much better."""
+    import time
+
+    _, imported = tiny_llama(seed=2)
+    decoder = Decoder(load_package(export_model("tiny", tmp_path / "p", quant="fp32", model=imported)),
+                      context_length=40, threads=1)
+    step, last = decoder.step, [1]
+
+    def step_after(tokens, *args, **kwargs):
+        if len(tokens) == 1 and last[0] > 1:
+            time.sleep(0.02)
+        last[0] = len(tokens)
+        return step(tokens, *args, **kwargs)
+
+    decoder.step = step_after
+    curve = CostCurve.measure(decoder, sizes=(1, 2, 4), past=8, repeats=3)
+    assert curve.seconds[0] < 0.01  # the old curve: a turn after the 4-token step, >= 20 ms
+
+
 def test_pace_starts_at_the_first_observation_then_follows():
     pace = Pace()
     assert pace.ratio == 1.0

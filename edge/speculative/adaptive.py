@@ -28,6 +28,15 @@ from edge.model import Decoder
 
 SIZES = (1, 2, 4, 8, 16)
 GUARDED_DEVIATION = 0.01
+RUN_STEPS = 3  # 1-token steps in a run timed per round of CostCurve.measure, in place of the turn's
+
+
+def _single_step(decoder: Decoder, token: int, base: int) -> float:
+    start = time.perf_counter()
+    decoder.step([token])
+    seconds = time.perf_counter() - start
+    decoder.cache.trim(base)
+    return seconds
 
 
 @dataclass
@@ -63,9 +72,13 @@ class CostCurve:
 
         Sizes take turns, so a burst of load from elsewhere slows all of them rather than bending the curve
         (measured with each size timed in a block: the same package's S=1 step came out 8.1 and 9.6 ms in two
-        runs, and its S=2/S=1 ratio 1.13 and 1.29). Also compares each multi-token step's logits with 1-token
-        steps over the same tokens: the largest difference is how far a verify row may be from what plain
-        decoding computes.
+        runs, and its S=2/S=1 ratio 1.13 and 1.29). The 1-token cost, though, is plain decoding's, the baseline
+        every draft is weighed against, and plain decoding runs 1-token steps back to back: a 1-token step right
+        after a larger one costs 5-10% more (measured on a Zen 5, benchmarks/step_ab.py), which made the policy
+        expect that much more from every draft than it delivered. So each round also times a short run of
+        1-token steps, and the curve's S=1 is their median. Also compares each multi-token step's logits with
+        1-token steps over the same tokens: the largest difference is how far a verify row may be from what
+        plain decoding computes.
         """
         sizes = tuple(s for s in sizes if s <= decoder.max_rows) or (1,)  # a planned decoder may score fewer rows
         cache, length = decoder.cache, decoder.cache.length
@@ -90,6 +103,9 @@ class CostCurve:
                 else:
                     deviation = max(deviation, float(np.abs(rows - single[:size]).max()))
                 cache.trim(base)
+            if rep and sizes[0] == 1:  # plain decoding's pace: a run of 1-token steps, its first a transition
+                run = [_single_step(decoder, probe[0], base) for _ in range(RUN_STEPS + 1)]
+                times[1][-1:] = run[1:]
         seconds = [float(np.median(times[size])) for size in sizes]
         for a, kept in zip(cache.arrays, saved):
             a[:, :, base:length] = kept
@@ -110,7 +126,7 @@ class CostCurve:
             if library is not None:
                 key += "-" + sha256_file(library)[:8]
         rows = max(s for s in SIZES if s <= decoder.max_rows) if decoder.max_rows > 1 else 1
-        path = cache_dir() / "speculative" / f"cost-v3-{key}-t{threads or 0}-r{rows}.json"
+        path = cache_dir() / "speculative" / f"cost-v4-{key}-t{threads or 0}-r{rows}.json"
         if path.exists():
             data = json.loads(path.read_text())
             return cls(tuple(data["sizes"]), tuple(data["seconds"]), data["deviation"])
