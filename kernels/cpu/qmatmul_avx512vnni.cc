@@ -35,9 +35,22 @@ void group_digits(const float* x, int64_t group, int digits, int32_t* out, int64
   // Bytes 0..15 of a 16-k block = digits of k0..k15; gather even then odd k of each 8-k unit.
   const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
   __m512i vsum = _mm512_setzero_si512();
+  if (digits == 1) {  // int8 x: one byte per k, 16 k = two units stored straight from the shuffled bytes
+    for (int64_t i = 0; i < group; i += 16) {
+      __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), mul));  // round to nearest even
+      v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+      vsum = _mm512_add_epi32(vsum, v);
+      const __m128i bytes = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(v), order);
+      int32_t* unit = out + i / 8 * unit_stride;
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(unit), bytes);
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(unit + unit_stride), _mm_unpackhi_epi64(bytes, bytes));
+    }
+    *pow_out = scale.step;
+    *sum_out = static_cast<float>(_mm512_reduce_add_epi32(vsum)) * scale.step;
+    return;
+  }
   for (int64_t i = 0; i < group; i += 16) {
-    __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), mul));  // round to nearest even
-    if (digits == 1) v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+    const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), mul));  // exact: |x_int| <= 2^22
     vsum = _mm512_add_epi32(vsum, v);
     const __m512i d0 = _mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24);
     const __m512i v1 = _mm512_srai_epi32(_mm512_sub_epi32(v, d0), 8);
