@@ -14,7 +14,7 @@ from edge.model import Decoder
 from edge.package import load_package
 from edge.speculative import (Draft, DraftModel, Drafter, PromptLookup, Speculator, TokenRecycling,
                               check_compatible, make_speculator)
-from edge.speculative.decode import QUIET_EVERY
+from edge.speculative.decode import QUIET_EVERY, SURE, root_is_sure
 from edge.speculative.drafter import ROOT
 from edge.speculative.verify import accept_greedy, tree_inputs
 from tiny_models import VOCAB, tiny_llama
@@ -234,3 +234,28 @@ def test_a_switched_off_learner_costs_little_between_probes(packages):
     calls = engine.stats.speculative.target_calls
     assert recycling.proposed == 0 and calls >= 36
     assert calls // QUIET_EVERY - 1 <= recycling.observed <= calls // QUIET_EVERY + 1
+
+
+def test_the_root_is_sure_when_the_target_gives_it_at_least_SURE():
+    scratch = np.empty(5, np.float32)
+    peaked = np.log(np.array([SURE + 0.01, 0.1, 0.05, 0.03, 0.0099], np.float32))
+    flat = np.log(np.array([SURE - 0.01, 0.1, 0.05, 0.03, 0.0299], np.float32))
+    assert root_is_sure(peaked + 7.0, scratch)  # logits: any shift
+    assert not root_is_sure(flat - 3.0, scratch)
+    assert not root_is_sure(None, scratch)  # a root decided without its row (after a near-tie)
+
+
+def test_short_lookup_matches_are_judged_by_how_sure_the_target_was_of_the_root(packages):
+    """A 1-3 token match after a root the target hesitated on rarely passes (3-18% on the benchmark's outputs,
+    33-67% after a sure root): each has its own policy, and output stays exactly plain greedy."""
+    fp32, _ = packages
+    engine = Engine(fp32, context_length=96, threads=1)
+    engine.speculator = Speculator([PromptLookup()])
+    prompt = PROMPTS[0] * 3
+    text = engine.generate(prompt, max_tokens=24)
+    assert engine.tokenizer.encode(text, add_special_tokens=False) == plain_greedy(fp32, prompt, 24)
+    keys = set(engine.speculator.policies)
+    short = {k for k in keys if k.split("/")[1] in PromptLookup.confidence_kinds}
+    assert short and all(k.endswith(("/sure", "/unsure")) for k in short), keys
+    long = keys - short
+    assert all(not k.endswith(("/sure", "/unsure")) for k in long), keys

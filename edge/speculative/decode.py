@@ -20,7 +20,19 @@ from edge.speculative.stats import SpeculativeStats
 from edge.speculative.verify import accept_greedy, accept_sampled, tree_inputs
 
 QUIET_EVERY = 4  # a switched-off learner observes one verify call in this many
+SURE = 0.8  # the target's probability of the root at and above which the root counts as sure (root_is_sure)
 KNOWN_WEIGHT = 8.0  # pseudo-trials behind a drafter's known first-guess acceptance (~8 verify calls' evidence)
+
+
+def root_is_sure(row: np.ndarray | None, scratch: np.ndarray) -> bool:
+    """Whether the target gave its top token at least SURE probability in `row` (its logits for the root, softmax
+    at temperature 1): where it hesitates, the text is not being copied and a short lookup match rarely passes.
+    A pass over the vocabulary (~50 us for 49k logits after a step), so asked only for the kinds that use it."""
+    if row is None:
+        return False
+    np.subtract(row, row.max(), out=scratch)
+    np.exp(scratch, out=scratch)
+    return float(scratch.sum()) <= 1.0 / SURE
 
 
 class Speculator:
@@ -44,6 +56,7 @@ class Speculator:
         self.curve: CostCurve | None = None
         self.stats = SpeculativeStats()
         self.steps = 0  # verify calls so far, for learners that observe only some of them
+        self._scratch: np.ndarray | None = None  # root_is_sure's buffer, one vocabulary row
 
     @property
     def name(self) -> str:
@@ -92,8 +105,9 @@ class Speculator:
         for d in self.drafters:
             d.reset()
 
-    def _draft(self, decoder: Decoder, context: list[int], depth_cap: int,
-               node_cap: int) -> tuple[Drafter | None, Draft, AdaptiveDepth | FixedDepth | None, float]:
+    def _draft(self, decoder: Decoder, context: list[int], depth_cap: int, node_cap: int,
+               root_row: np.ndarray | None) -> tuple[Drafter | None, Draft, AdaptiveDepth | FixedDepth | None, float]:
+        """root_row: the target's logits the root was chosen from (None: not known), for confidence_kinds."""
         start = time.perf_counter()
         for drafter in self.drafters:
             # A cheap drafter's guess comes first, to be judged by its kind; one that is waiting for a probe is not
@@ -102,6 +116,10 @@ class Speculator:
             draft = drafter.propose(context, min(self.max_depth, depth_cap)) if first else None
             if draft is not None and not len(draft):
                 continue  # no guess this step: nothing to judge, and no probe spent on it
+            if draft is not None and draft.kind in drafter.confidence_kinds:
+                if self._scratch is None or self._scratch.shape != (decoder.config.vocab_size,):
+                    self._scratch = np.empty(decoder.config.vocab_size, np.float32)
+                draft.kind += "/sure" if root_is_sure(root_row, self._scratch) else "/unsure"
             policy = self._policy(drafter, decoder, draft.kind if draft is not None else "")
             depth = min(policy.depth(), depth_cap)
             while depth > 0 and drafter.size(depth) > node_cap:
@@ -158,6 +176,7 @@ class Speculator:
                 max_tokens: int, stats: SpeculativeStats) -> Iterator[int]:
         sampler = Sampler(params)
         root, fresh, single = sampler(logits), True, False  # first: `logits` is a view the next step overwrites
+        root_row: np.ndarray | None = logits  # what the target said of the root: read before the next step
         start = time.perf_counter()
         for d in self.drafters:
             d.prepare(params)
@@ -176,7 +195,8 @@ class Speculator:
                     return  # a full cache: the engine reports finish_reason "context"
                 depth_cap = 0 if single else max_tokens - yielded - 1  # never draft what would not be emitted
                 node_cap = min(decoder.cache.capacity - len(history), decoder.max_rows) - 1
-                drafter, draft, policy, draft_seconds = self._draft(decoder, history + [root], depth_cap, node_cap)
+                drafter, draft, policy, draft_seconds = self._draft(decoder, history + [root], depth_cap, node_cap,
+                                                                    root_row)
                 stats.draft_seconds += draft_seconds
                 start = time.perf_counter()
                 past = decoder.cache.length
@@ -205,9 +225,9 @@ class Speculator:
                     yield tokens[i]
                 if verdict.next_token is None:  # a near-tie in a multi-token row: decide it with a 1-token step
                     stats.near_ties += 1
-                    root, fresh, single = tokens[verdict.path[-1]], len(verdict.path) > 1, True
+                    root, fresh, single, root_row = tokens[verdict.path[-1]], len(verdict.path) > 1, True, None
                 else:
-                    root, fresh, single = verdict.next_token, True, False
+                    root, fresh, single, root_row = verdict.next_token, True, False, rows[verdict.path[-1]]
         finally:
             keep = base + max(yielded - 1, 0)
             if len(history) > keep:

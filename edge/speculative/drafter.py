@@ -86,6 +86,9 @@ class Drafter:
     catch_up_seconds: float = 0.0
     learns = False  # whether observe() wants the target's logits (token recycling): they are only passed if so
     follows_hidden = False  # whether follow() wants the target's hidden row behind each root (a draft head)
+    # Kinds of draft whose acceptance depends on how sure the target was of the root: the speculator tracks each
+    # as two kinds, "/sure" and "/unsure" (see edge.speculative.decode.root_is_sure).
+    confidence_kinds: tuple[str, ...] = ()
 
     def propose(self, context: list[int], depth: int) -> Draft:
         """A draft of at most `depth` levels continuing `context` (the prompt, the output so far and the root)."""

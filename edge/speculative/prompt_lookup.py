@@ -15,7 +15,12 @@ summarise 3.09x -> 3.00x, and on 13 other prompts no change. Measured in one int
 The draft's kind (which adaptive depth policy judges it) is its match length in bands: a copy that already agrees
 with 8 tokens of context keeps agreeing far longer than a 1-token match, so the bands learn their own depths.
 Measured offline on the same outputs (max_ngram 3 and kinds by n, to bands up to 8): rewrite 1.87x -> 1.94x,
-summarise 2.61x -> 2.87x, repeat 2.86x -> 3.34x.
+summarise 2.61x -> 2.87x, repeat 2.86x -> 3.34x. Matches of 1-3 tokens are split again by how sure the target was
+of the root (confidence_kinds): after a root the target gave less than 0.8, a 1-gram match's first token passed
+3-18% of the time on the benchmark's outputs, after a sure root 33-67%. Replayed with the policies per kind
+(benchmarks/speculative_replay.py, session 14): open chat 0.99x -> 1.00x, code 1.26x -> 1.32x, rewrite 2.04x ->
+2.09x, summarise 2.66x -> 2.91x, repeat 2.53x -> 2.54x of plain decoding; on 14 other prompts (other passages,
+tasks and questions, 96 tokens) 1.72x -> 1.78x over the five categories, none lower.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ def kind(n: int) -> str:
 class PromptLookup(Drafter):
     name = "prompt-lookup"
     cheap = True
+    confidence_kinds = ("1-gram", "2-3-gram")
 
     def __init__(self, max_ngram: int = 8, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
