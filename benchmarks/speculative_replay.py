@@ -3,13 +3,15 @@
     python benchmarks/speculative_replay.py [--tokens 64] [--outputs FILE.json]
 
 Decodes the speculative benchmark's prompts once with plain greedy decoding on the default package (kept in
-FILE.json, reused when it exists), then replays edge's PromptLookup over each output: at every step it drafts
+FILE.json with whether the target was sure of each token, reused when it exists), then replays edge's PromptLookup
+over each output, its short matches judged by that confidence as in the runtime: at every step it drafts
 what the adaptive depth policy asks for (policies shared across prompts, as in benchmarks/speculative.py), the
 output says how much passes, and the package's measured cost curve prices each verify call. Prints, per
 category, the modelled speed-up over plain decoding, the same with every draft cut to what passes (the depth
 policy's ceiling), and prompt lookup's ceiling (the best occurrence at every step). Used to choose the lookup's
-kinds (session 12) and its copy position (session 13) before timing them in benchmarks/speculative.py; a 2-prompt
-category is too small to decide on alone, so its numbers only say where to look.
+kinds (session 12), its copy position (session 13) and its root-confidence kinds (session 14) before timing them in
+benchmarks/speculative.py; a 2-prompt category is too small to decide on alone, so its numbers only say where to
+look.
 """
 
 from __future__ import annotations
