@@ -75,8 +75,9 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
   const __m256i nibbles = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   // x of the R rows: int8_tiles runs whole blocks of digit_row's layout, so one pointer and constant strides.
-  const int32_t* xd = a.xd + digit_row(a, m0).words;
-  const int64_t unit_stride = R * 2, stat_stride = R, stat0 = digit_row(a, m0).stat;
+  const DigitRow row = digit_row(a, m0);
+  const int32_t* xd = a.xd + row.words;
+  const int64_t unit_stride = R * 2, stat_stride = R;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < a.G; ++g) {
@@ -110,7 +111,7 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
     const __m256 s = group_scale<Avx2>(a, at, 0);
     const __m256 sz = group_sz<Avx2>(a, at, 0, s);
     for (int r = 0; r < R; ++r) {
-      const int64_t mg = stat0 + g * stat_stride + r;
+      const int64_t mg = row.stat + g * stat_stride + r;
       acc[r] = _mm256_fmadd_ps(accg[r], _mm256_mul_ps(s, _mm256_set1_ps(a.xpow[mg])), acc[r]);
       acc[r] = _mm256_fnmadd_ps(sz, _mm256_set1_ps(a.xsum[mg]), acc[r]);
     }
