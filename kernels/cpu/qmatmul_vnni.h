@@ -24,8 +24,9 @@ namespace vnni {
 constexpr int kFlushUnits = 4;  // 4 units of 8 k = 32 k per exact integer block
 // How far ahead the codes are asked for. Measured on the default model (Zen 5, 2 threads, sizes taking turns):
 // with 4 KB its 1-token step took 3.4 ms against 4.2 without and 3.8 with 1 KB (8-16 KB: within the noise of
-// 4), its 8-token step 6.3 ms against 6.9.
-constexpr int kPrefetch = 4096;
+// 4), its 8-token step 6.3 ms against 6.9. Session 15: one request per 64-byte line (it was one per 32-byte unit)
+// and 8 KB ahead: the 1-token step 3.23 -> 2.97 ms, the 8-token 4.95 -> 4.38 ms (benchmarks/step_ab.py, 8 rounds).
+constexpr int kPrefetch = 8192;
 
 // Rows [m0, m0 + R) of tiles t and t + 1, or of tile t alone (pair = false: both halves read tile t). D digits per
 // x value: 3 (23-bit x, the default) or 1 (int8 x, accuracy_level 4: a third of the vpdpbusd). kOneFlush: groups
@@ -56,8 +57,10 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
       for (int64_t u = 0; u < flush; ++u, unit += 32) {
         // The codes stream from memory (the weights outgrow the caches); asking for them ahead keeps the stream
         // going while the rows' multiplies run, as in the AVX2 kernel.
-        _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetch, _MM_HINT_T0);
-        if (V::kTiles == 2) _mm_prefetch(reinterpret_cast<const char*>(unit) + tile_stride + kPrefetch, _MM_HINT_T0);
+        if ((u & 1) == 0) {  // one request per 64-byte line, not one per 32-byte unit
+          _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetch, _MM_HINT_T0);
+          if (V::kTiles == 2) _mm_prefetch(reinterpret_cast<const char*>(unit) + tile_stride + kPrefetch, _MM_HINT_T0);
+        }
         const I w = V::load_codes(unit, tile_stride);
         const I even = V::and_(w, nibbles);
         const I odd = V::and_(V::template srli<4>(w), nibbles);
