@@ -8,7 +8,7 @@ import pytest
 from edge.export.pipeline import export_model
 from edge.model import Decoder
 from edge.package import load_package
-from edge.speculative import AdaptiveDepth, CostCurve, Pace
+from edge.speculative import AdaptiveDepth, CostCurve, Pace, adaptive
 from tiny_models import tiny_llama
 
 FLAT = CostCurve((1, 2, 4, 8, 16), (1.0, 1.02, 1.10, 1.31, 1.78))  # float32 weights on this CPU
@@ -99,6 +99,7 @@ def test_draft_time_counts_against_depth():
 
 def test_measuring_leaves_the_cache_as_it_was_and_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(adaptive, "others_share", lambda before, after: 0.0)  # a quiet machine
     _, imported = tiny_llama(seed=2)
     decoder = Decoder(load_package(export_model("tiny", tmp_path / "p", quant="fp32", model=imported)),
                       context_length=40, threads=1)
@@ -114,6 +115,59 @@ def test_measuring_leaves_the_cache_as_it_was_and_is_cached(tmp_path, monkeypatc
     files = list((tmp_path / "cache" / "speculative").glob("cost-*-t1-r16.json"))  # keyed by package, threads and rows
     assert len(files) == 1
     assert CostCurve.cached(decoder, threads=1) == curve  # read back, not measured again
+
+
+def test_a_curve_measured_beside_busy_neighbours_is_used_but_not_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGE_CACHE", str(tmp_path / "cache"))
+    _, imported = tiny_llama(seed=2)
+    decoder = Decoder(load_package(export_model("tiny", tmp_path / "p", quant="fp32", model=imported)),
+                      context_length=40, threads=1)
+    monkeypatch.setattr(adaptive, "others_share", lambda before, after: 0.5)  # another process held a core
+    curve = CostCurve.cached(decoder, threads=1)
+    assert curve.sizes == (1, 2, 4, 8, 16)
+    assert not list((tmp_path / "cache").rglob("cost-*.json"))  # the next process measures again
+    monkeypatch.setattr(adaptive, "others_share", lambda before, after: 0.0)
+    CostCurve.cached(decoder, threads=1)
+    assert len(list((tmp_path / "cache").rglob("cost-*.json"))) == 1
+
+
+def test_others_share_counts_only_other_processes():
+    """This process's own work is not a neighbour's; a process spinning on the same core is (both pinned to one
+    core, so the answer does not depend on how many the machine has)."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    me = psutil.Process()
+    if not hasattr(me, "cpu_affinity"):
+        pytest.skip("no CPU affinity on this platform")
+    cores = me.cpu_affinity()
+
+    def spin(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    me.cpu_affinity(cores[:1])
+    neighbour = None
+    try:
+        before = adaptive._cpu_snapshot()
+        spin(0.3)
+        alone = adaptive.others_share(before, adaptive._cpu_snapshot())
+        neighbour = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 5\nwhile time.time() < end: pass"])
+        psutil.Process(neighbour.pid).cpu_affinity(cores[:1])
+        time.sleep(0.3)  # the neighbour is running
+        before = adaptive._cpu_snapshot()
+        spin(0.6)
+        beside = adaptive.others_share(before, adaptive._cpu_snapshot())
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
+        me.cpu_affinity(cores)
+    assert alone < 0.2 and beside > 0.3  # sharing one core: about half of it
 
 
 def test_the_one_token_cost_is_that_of_a_run_of_them(tmp_path):
