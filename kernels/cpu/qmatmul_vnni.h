@@ -36,7 +36,7 @@ template <class V, int R, int D, bool kOneFlush, bool kWhole>
 void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
   using F = typename V::F;
   using I = typename V::I;
-  const int64_t units_per_group = a.group / 8;
+  const int64_t units_per_group = kOneFlush ? kFlushUnits : a.group / 8;  // a constant: the flush loop unrolls
   const uint8_t* unit = a.codes + t * a.tile_bytes;
   const int64_t group_stride = pair ? a.G * 8 : 0;
   const int64_t tile_stride = pair ? a.tile_bytes : 0;
