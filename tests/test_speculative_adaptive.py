@@ -156,7 +156,8 @@ def test_others_share_counts_only_other_processes():
         before = adaptive._cpu_snapshot()
         spin(0.3)
         alone = adaptive.others_share(before, adaptive._cpu_snapshot())
-        neighbour = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 5\nwhile time.time() < end: pass"])
+        busy = "import time\nend = time.time() + 5\nwhile time.time() < end: pass"
+        neighbour = subprocess.Popen([sys.executable, "-c", busy])
         psutil.Process(neighbour.pid).cpu_affinity(cores[:1])
         time.sleep(0.3)  # the neighbour is running
         before = adaptive._cpu_snapshot()

@@ -25,7 +25,7 @@ constexpr int kFlushUnits = 4;  // 4 units of 8 k = 32 k per exact integer block
 // How far ahead the codes are asked for. Measured on the default model (Zen 5, 2 threads, sizes taking turns):
 // with 4 KB its 1-token step took 3.4 ms against 4.2 without and 3.8 with 1 KB (8-16 KB: within the noise of
 // 4), its 8-token step 6.3 ms against 6.9. Session 15: one request per 64-byte line (it was one per 32-byte unit)
-// and 8 KB ahead: the 1-token step 3.23 -> 2.97 ms, the 8-token 4.95 -> 4.38 ms (benchmarks/step_ab.py, 8 rounds).
+// and 8 KB ahead made the 1-token step 2-11% and the 8-token step 6-11% faster (benchmarks/RESULTS.md, kernels).
 constexpr int kPrefetch = 8192;
 
 // Rows [m0, m0 + R) of tiles t and t + 1, or of tile t alone (pair = false: both halves read tile t). D digits per
