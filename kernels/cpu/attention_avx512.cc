@@ -139,16 +139,11 @@ void attend_heads(const RowTask& r, int64_t D, float scale, const float* const q
 }  // namespace
 
 void attend_avx512(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
-  const int64_t D = a.D;
   const TaskHeads t = task_heads(a, s, h0, count, scratch);
-  const RowTask& r = t.row;
-  const float* const* q = t.q;
-  float* const* scores = t.scores;
-  float* const* out = t.out;
   switch (count) {
-    case 1: attend_heads<1>(r, D, a.scale, q, scores, out); break;
-    case 2: attend_heads<2>(r, D, a.scale, q, scores, out); break;
-    default: attend_heads<3>(r, D, a.scale, q, scores, out); break;
+    case 1: attend_heads<1>(t.row, a.D, a.scale, t.q, t.scores, t.out); break;
+    case 2: attend_heads<2>(t.row, a.D, a.scale, t.q, t.scores, t.out); break;
+    default: attend_heads<3>(t.row, a.D, a.scale, t.q, t.scores, t.out); break;
   }
 }
 
