@@ -68,16 +68,18 @@ __m256 gate_activation_avx2(int gated, __m256 x) {
 // kGroup32: groups of 32 k are one flush each, so a group's sum needs no float accumulator of its own (0 + x is x:
 // the same results with R fewer live registers, which spilled at 8 rows). Measured on one Zen 3 core (SmolLM2's
 // shapes): 3-9% faster at 2-8 rows; one row gains ~15% from a fixed, fully unrolled flush, which more rows lose.
-template <int R, bool kGroup32>
+// B: the rows of the block of digit_row's layout that rows [m0, m0 + R) are in (R, or 9 for a last block of 9
+// rows, run as 5 + 4: 9 rows' sums would not fit the 16 registers).
+template <int R, bool kGroup32, int B = R>
 void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
   const int64_t units_per_group = kGroup32 && R == 1 ? vnni::kFlushUnits : a.group / 8;
   const uint8_t* unit = a.codes + t * a.tile_bytes;
   const __m256i nibbles = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
-  // x of the R rows: int8_tiles runs whole blocks of digit_row's layout, so one pointer and constant strides.
+  // x of the R rows: one pointer and the block's constant strides.
   const DigitRow row = digit_row(a, m0);
   const int32_t* xd = a.xd + row.words;
-  const int64_t unit_stride = R * 2, stat_stride = R;
+  const int64_t unit_stride = B * 2, stat_stride = B;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < a.G; ++g) {
@@ -217,8 +219,12 @@ template <bool kGroup32>
 void int8_tiles(const QMatMulArgs& a, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
     int64_t m0 = 0;
-    for (; m0 + 8 <= a.M; m0 += 8) int8_tile_rows<8, kGroup32>(a, t, m0);
+    for (; m0 + 8 <= a.M && a.M - m0 != 9; m0 += 8) int8_tile_rows<8, kGroup32>(a, t, m0);
     switch (a.M - m0) {
+      case 9:
+        int8_tile_rows<5, kGroup32, 9>(a, t, m0);
+        int8_tile_rows<4, kGroup32, 9>(a, t, m0 + 5);
+        break;
       case 1: int8_tile_rows<1, kGroup32>(a, t, m0); break;
       case 2: int8_tile_rows<2, kGroup32>(a, t, m0); break;
       case 3: int8_tile_rows<3, kGroup32>(a, t, m0); break;

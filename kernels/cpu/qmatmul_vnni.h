@@ -41,6 +41,10 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
   const int64_t group_stride = pair ? a.G * 8 : 0;
   const int64_t tile_stride = pair ? a.tile_bytes : 0;
   const I nibbles = V::set1i(0x0F0F0F0F);
+  // int8 x: even and odd k go to two sums per row, else a row's chain waits on vpdpbusd latency; from 8 rows on
+  // the rows' chains hide it, and 9 rows' two sums each would not fit the registers (9 rows: 31 -> 29 us at
+  // 576x1536, the same sums).
+  constexpr bool kOneSum = D == 1 && R >= 8;
   const DigitRow row = digit_row(a, m0);  // one pointer serves the R rows
   const int32_t* xd = a.xd + row.words;
   const int64_t unit_stride = kWhole ? R * 2 * D : row.unit_stride;
@@ -67,9 +71,10 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
         const int64_t uu = g * units_per_group + u0 + u;
         for (int r = 0; r < R; ++r) {
           const int32_t* d = xd + uu * unit_stride + r * 2 * D;
-          if (D == 1) {  // even and odd k into two registers: one chain per row would wait on vpdpbusd latency
+          if (D == 1) {
             s0[r] = V::dpbusd(s0[r], even, V::set1i(d[0]));
-            s1[r] = V::dpbusd(s1[r], odd, V::set1i(d[1]));
+            if (kOneSum) s0[r] = V::dpbusd(s0[r], odd, V::set1i(d[1]));
+            else s1[r] = V::dpbusd(s1[r], odd, V::set1i(d[1]));
             continue;
           }
           s0[r] = V::dpbusd(s0[r], even, V::set1i(d[0]));
@@ -81,7 +86,7 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
         }
       }
       for (int r = 0; r < R; ++r) {
-        const I total = D == 1 ? V::add_i(s0[r], s1[r])
+        const I total = D == 1 ? (kOneSum ? s0[r] : V::add_i(s0[r], s1[r]))
                                : V::add_i(s0[r], V::add_i(V::template slli<8>(s1[r]), V::template slli<16>(s2[r])));
         accg[r] = kOneFlush ? V::cvt(total) : V::add(accg[r], V::cvt(total));
       }
@@ -104,14 +109,19 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
 }
 
 // Rows in blocks: 8 at int8 x in groups of 32 with AVX-512 (two vpdpbusd per row and unit, so the codes' decoding
-// is shared by 8 rows, and 8 rows' accumulators fit its 32 registers), else 4 (three digits: six per row; AVX-VNNI:
-// 16 registers). Measured on the default model (Zen 5, 2 threads, sizes taking turns): an 8-token step 6.9 ms
-// instead of 8.0.
+// is shared by 8 rows, and 8 rows' accumulators fit its 32 registers; a last block of 9 rows, see digit_row, runs
+// as one), else 4 (three digits: six per row; AVX-VNNI: 16 registers). Measured on the default model (Zen 5,
+// 2 threads, sizes taking turns): an 8-token step 6.9 ms instead of 8.0.
 template <class V, int D, bool kOneFlush>
 void tile_all_rows(const QMatMulArgs& a, int64_t t, bool pair) {
   constexpr int kBlock = D == 1 && kOneFlush && V::kTiles == 2 ? 8 : 4;
   constexpr bool kWhole = kBlock == kDigitRows;  // then every call below runs a whole block
   int64_t m0 = 0;
+  if constexpr (kBlock == 8) {
+    const int64_t last = last_digit_block(a.M);
+    for (; m0 < last; m0 += kBlock) tile_rows<V, kBlock, D, kOneFlush, kWhole>(a, t, m0, pair);
+    if (a.M - m0 == 9) return tile_rows<V, 9, D, kOneFlush, true>(a, t, m0, pair);
+  }
   for (; m0 + kBlock <= a.M; m0 += kBlock) tile_rows<V, kBlock, D, kOneFlush, kWhole>(a, t, m0, pair);
   switch (a.M - m0) {
     case 1:  // one row alone (plain decoding) is a whole block
