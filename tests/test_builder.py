@@ -53,6 +53,28 @@ def test_chunked_prefill_equals_one_shot(tmp_path):
     np.testing.assert_allclose(decoder.prefill(ids, chunk=7), one, atol=1e-4 * np.abs(one).max())
 
 
+def test_steps_of_changing_shapes_match_recomputing(tmp_path):
+    """Decoder.step binds an input again only when its shape changes, and writes the values in place: steps whose
+    size, logits rows, positions and tree bias change from one to the next must each give what recomputing the
+    whole sequence in one step gives (a stale binding would read the previous step's shape or tokens)."""
+    _, imported = tiny_llama(seed=6)
+    decoder = make_decoder(tmp_path, imported)
+    reference = Decoder(decoder.package, context_length=64, threads=1)
+    rng = np.random.default_rng(6)
+    history: list[int] = []
+    for size, rows in [(4, None), (1, None), (1, None), (3, [0, 2]), (1, None), (2, [0, 1]), (1, None), (5, [4])]:
+        new = [int(t) for t in rng.integers(0, 96, size)]
+        past = len(history)
+        explicit = size == 2  # a causal step given as explicit positions and bias
+        bias = np.where(np.arange(past + size) <= past + np.arange(size)[:, None], 0.0, MASKED)[None, None]
+        got = decoder.step(new, positions=list(range(past, past + size)) if explicit else None, logits_rows=rows,
+                           attention_bias=bias.astype(np.float32) if explicit else None).copy()
+        reference.reset()
+        want = reference.step(history + new, logits_rows=[past + r for r in (rows or [size - 1])])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+        history += new
+
+
 def test_tree_step_equals_each_branch_decoded_alone(tmp_path):
     """A flattened two-branch tree verified in one call gives each node the logits of its own path."""
     model, imported = tiny_llama(seed=5)
