@@ -102,10 +102,11 @@ void qmatmul_tiles_avxvnni(const QMatMulArgs& a, int64_t t0, int64_t t1);     //
 
 // Where the integer kernels find row m's x (xd) and its per-group scale and sum (xpow, xsum). Rows come in blocks of
 // kDigitRows (the last block: the rows left, and a lone last row joins the block before it: a draft of 8 tokens is
-// verified as 9 rows, and a ninth row run alone cost the 8-token step 13% more than 8 rows); a block stores, unit by unit of 8 k, the 2 * digits words of each of
-// its rows in turn, and group by group each row's xpow and xsum, so the rows one kernel call runs together read one
-// stream of x instead of one per row: 8 row streams (8 pointers, and accesses spread over 8 lines) cost the 8-row
-// AVX-512 VNNI loop 10-12% (measured on a Zen 5, one core, SmolLM2's shapes). One row alone is laid out as before.
+// verified as 9 rows, and a ninth row run alone made that step 13% dearer than 8 rows); a block stores, unit by unit
+// of 8 k, the 2 * digits words of each of its rows in turn, and group by group each row's xpow and xsum, so the rows
+// one kernel call runs together read one stream of x instead of one per row: 8 row streams (8 pointers, and accesses
+// spread over 8 lines) cost the 8-row AVX-512 VNNI loop 10-12% (measured on a Zen 5, one core, SmolLM2's shapes).
+// One row alone is laid out as before.
 constexpr int64_t kDigitRows = 8;
 struct DigitRow {
   int64_t words, unit_stride;  // row m's first unit in xd, and the words from one of its units to the next
