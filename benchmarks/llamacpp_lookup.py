@@ -6,11 +6,12 @@ llama-cpp-python (an optional benchmark dependency, never a CI one) loads the de
 2 threads. Each prompt of benchmarks/speculative.py, rendered by edge's chat template and tokenized by edge's
 tokenizer (so llama.cpp sees exactly our prompt ids), runs greedy plain decoding and `LlamaPromptLookupDecoding`
 with each draft length, interleaved prompt by prompt and rotated each rep so a noisy neighbour hits all alike.
-edge's own int4 plain decoding runs on the same prompts in the same run, as the plain-speed reference. A second
-turn's first answer is each system's own greedy answer, as speculative.py does for each target.
+edge's own decoding of the default package, plain and with `edge-run --draft auto`'s speculation, runs on the same
+prompts in the same run. A second turn's first answer is each system's own greedy answer, as speculative.py does for
+each target.
 Writes benchmarks/results/speculative_llamacpp.md.
 
-llama-cpp-python builds llama.cpp from source; build the wheel once (about 20 min on 2 shared cores) and reuse it:
+llama-cpp-python builds llama.cpp from source; build the wheel once (2-20 min on 2 cores, by machine) and reuse it:
 
     CMAKE_ARGS="-DGGML_CUDA=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
       -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
@@ -47,14 +48,13 @@ WHEEL_HINT = ("llama-cpp-python is not installed: build it once and install the 
               "benchmarks/llamacpp_lookup.py (pip install ~/.cache/edge/wheels/llama_cpp_python-*.whl)")
 
 BUILD_NOTE = (
-    "llama-cpp-python 0.3.36 (the newest on PyPI) builds here with cmake 3.25 and GCC 12.2 in about 10 min on 2 "
-    "shared cores. A `-DGGML_NATIVE=ON` build crashes on the first matmul (SIGSEGV, a general-protection fault "
-    "at `ldtilecfg` in `ggml_backend_amx_mul_mat`): -march=native turns on ggml's AMX backend on this Xeon, and "
-    "GCC drops the stores that fill the tile configuration on the stack before `_tile_loadconfig`, so an invalid "
-    "configuration is loaded (llama.cpp issue #20824, fix proposed in PR #26954). AMX itself works here (a "
-    "standalone ldtilecfg test passes). The wheel used is therefore built with GGML_NATIVE=OFF and AVX, AVX2, FMA, "
-    "F16C, BMI2, AVX-VNNI, AVX-512 (F/CD/VL/DQ/BW, VBMI, VNNI, BF16) on and AMX off; it is cached in "
-    "~/.cache/edge/wheels (machine-specific: it needs AVX-512).")
+    "llama-cpp-python 0.3.36 (the newest on PyPI) builds with cmake 3.25 and GCC 12.2 in about 2 min on 2 cores of "
+    "an AMD EPYC Zen 5 (10 min on the Intel Xeon of earlier sessions). On that Xeon a `-DGGML_NATIVE=ON` build "
+    "crashed on the first matmul (SIGSEGV, a general-protection fault at `ldtilecfg` in `ggml_backend_amx_mul_mat`): "
+    "-march=native turns on ggml's AMX backend there, and GCC drops the stores that fill the tile configuration on "
+    "the stack before `_tile_loadconfig` (llama.cpp issue #20824, fix proposed in PR #26954). The wheel is therefore "
+    "built with GGML_NATIVE=OFF and AVX, AVX2, FMA, F16C, BMI2, AVX-VNNI, AVX-512 (F/CD/VL/DQ/BW, VBMI, VNNI, BF16) "
+    "on and AMX off, the instructions both machines have; it is cached in ~/.cache/edge/wheels (it needs AVX-512).")
 
 Turns = Sequence[tuple[str, str | None]]
 Encoder = Callable[[list[dict]], list[int]]
@@ -343,14 +343,16 @@ def run(prompts_by_category: dict[str, list], new_tokens: int, *, threads: int =
     return rows
 
 
-def edge_plain(threads: int) -> Callable[[Turns, int], float]:
-    """edge's int4 plain greedy decoding as a callable for `measure(extra=...)`: tok/s as speculative.py counts it."""
-    from edge.default_model import default_package
+def edge_decoding(threads: int, speculator: str | None = None) -> Callable[[Turns, int], float]:
+    """edge's greedy decoding of the default package (int4 on edge's kernels where they are built), plain or with a
+    speculator ("auto": edge-run --draft auto), as a callable for `measure(extra=...)`: tok/s as speculative.py counts
+    it."""
+    from edge.default_model import default_package, default_quant
     from edge.engine import Engine
     from speculative import messages_for
 
-    engine = Engine(default_package("int4"), threads=threads)
-    engine.generate("Hello", max_tokens=8)  # warm up
+    engine = Engine(default_package(default_quant()), threads=threads, speculator=speculator)
+    engine.generate("Hello", max_tokens=8)  # warm up (and a speculator's cost curve)
     filled: dict[int, list[dict]] = {}
 
     def decode_tps(turns: Turns, new_tokens: int) -> float:
@@ -440,19 +442,24 @@ def report(rows: list[dict], ties: list[tuple], facts: dict, args, load: tuple, 
               "there in plain decoding (one token per step):", ""]
     lines += [f"- {c} / {name}: token {pos}, top-2 gap {gap:.4f}" for _, c, name, pos, gap in ties] or ["None."]
     if ours:
-        lines += ["", "## Plain decoding: llama.cpp vs edge int4 (same prompts, same run, interleaved)", "",
-                  "| category | llama.cpp Q4_1 tok/s | edge int4 tok/s | edge / llama.cpp |", "|---|---|---|---|"]
-        for c in categories:
-            rs = [r for r in ours if r["category"] == c]
-            ll = statistics.mean(r["llama_plain_tps"] for r in rs)
-            ed = statistics.mean(r["tps"] for r in rs)
-            lines.append(f"| {c} | {ll:.1f} | {ed:.1f} | {geomean(r['tps'] / r['llama_plain_tps'] for r in rs):.2f} |")
-        lines.append(f"| all | {statistics.mean(r['llama_plain_tps'] for r in ours):.1f} | "
-                     f"{statistics.mean(r['tps'] for r in ours):.1f} | "
-                     f"{geomean(r['tps'] / r['llama_plain_tps'] for r in ours):.2f} |")
+        names = list(dict.fromkeys(r["target"] for r in ours))
+        lines += ["", "## edge against llama.cpp's plain decoding (same prompts, same run, interleaved)", "",
+                  "| category | llama.cpp Q4_1 plain tok/s | " + " | ".join(f"{n} tok/s | {n} / llama.cpp plain"
+                                                                    for n in names) + " |",
+                  "|---|---|" + "---|---|" * len(names)]
+        for c in [*categories, "all"]:
+            cells = []
+            for n in names:
+                rs = [r for r in ours if r["target"] == n and c in (r["category"], "all")]
+                cells.append(f"{statistics.mean(r['tps'] for r in rs):.1f} | "
+                             f"{geomean(r['tps'] / r['llama_plain_tps'] for r in rs):.2f}")
+            rs = [r for r in ours if r["target"] == names[0] and c in (r["category"], "all")]
+            lines.append(f"| {c} | {statistics.mean(r['llama_plain_tps'] for r in rs):.1f} | " + " | ".join(cells)
+                         + " |")
         lines += ["", "llama.cpp tok/s counts the tokens after the first over the time after the first (prefill "
                   "excluded); edge's is engine.stats.generate_tokens_per_second (also after prefill), as "
-                  "speculative.py reports it."]
+                  "speculative.py reports it. edge runs the default package; \"edge auto\" is `edge-run --draft auto` "
+                  "(prompt lookup, then the draft head), greedy; speculative.py checks its output against plain."]
     lines += ["", "## Build", "", BUILD_NOTE]
     return "\n".join(lines) + "\n"
 
@@ -474,13 +481,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pred-tokens", type=int, nargs="+", default=list(SWEEP_PRED_TOKENS))
     ap.add_argument("--categories", nargs="+", choices=list(CATEGORIES), default=list(CATEGORIES))
-    ap.add_argument("--no-edge", action="store_true", help="skip edge's own int4 plain decoding")
+    ap.add_argument("--no-edge", action="store_true", help="skip edge's own decoding (plain and auto)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "speculative_llamacpp.md"))
     args = ap.parse_args()
     if not available():
         sys.exit(WHEEL_HINT)
     load_start, start = os.getloadavg(), time.perf_counter()
-    extra = None if args.no_edge else {"edge int4": edge_plain(args.threads)}
+    extra = None if args.no_edge else {"edge plain": edge_decoding(args.threads),
+                                         "edge auto": edge_decoding(args.threads, "auto")}
     rows, ties, facts = measure({c: CATEGORIES[c] for c in args.categories}, args.tokens, threads=args.threads,
                                 reps=args.reps, pred_tokens=args.pred_tokens, extra=extra)
     text = report(rows, ties, facts, args, (load_start, os.getloadavg()), time.perf_counter() - start)
