@@ -5,9 +5,9 @@ outputs it next to the logits) and the root token; each call of its one-step gra
 confidence in it and the state for the next step. The adaptive policy picks the depth as for a draft model; within
 it the chain stops at the first guess the head itself doubts (confidence under `floor`; EAGLE-2's observation that
 a draft head's confidence predicts acceptance), so an unsure first guess costs one head step and no verify rows
-at all. Measured in the loop: ~0.5 ms for the first step on a Zen 3 (its weights are out of cache after each target
-step), ~0.25 ms for each further one; on a Zen 5 with the VNNI kernels 0.15 and 0.11 ms (IOBinding instead of
-run(): 0.12 ms, not worth the change).
+at all. Measured in the loop when the head was added: ~0.5 ms for the first step (its weights are out of cache after
+each target step), ~0.25 ms for each further one; on a Zen 5 with the VNNI kernels (session 16) 0.15 and 0.11 ms
+(IOBinding instead of run(): 0.12 ms, not worth the change).
 """
 
 from __future__ import annotations
