@@ -9,6 +9,7 @@ rows, then `cache.trim`/`cache.keep`.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -21,26 +22,6 @@ DEFAULT_PREFILL_CHUNK = 512
 MASKED = np.float32(-1e9)  # what GroupQueryAttention's tree bias uses for "not an ancestor"
 
 
-def step_inputs(past: int, n: int, capacity: int, positions, attention_bias, tree_attention: bool,
-                package_root) -> dict[str, np.ndarray]:
-    """The per-step inputs of GroupQueryAttention (lengths, positions, tree bias) for n new tokens after `past`:
-    shared by every decoder graph, whole (Decoder) or one layer at a time (edge.paging.PagedDecoder)."""
-    total = past + n
-    if total > capacity:
-        raise ContextOverflowError(f"{total} tokens do not fit in the context of {capacity}")
-    if positions is None:
-        positions = np.arange(past, total, dtype=np.int64)
-    inputs = {"position_ids": np.asarray(positions, dtype=np.int64).reshape(1, n),
-              "seqlens_k": np.array([total - 1], dtype=np.int32),
-              "total_sequence_length": np.array(total, dtype=np.int32)}
-    if tree_attention:
-        bias = np.zeros((1, 1, n, total), np.float32) if attention_bias is None else attention_bias  # causal
-        inputs["attention_bias"] = np.ascontiguousarray(bias, dtype=np.float32)
-    elif attention_bias is not None:
-        raise ValueError(f"{package_root} was exported without tree attention; re-export it")
-    return inputs
-
-
 def logits_index(n: int, rows, max_rows: int) -> np.ndarray:
     """Which of the n new tokens get logits (default: the last)."""
     index = np.asarray([n - 1] if rows is None else rows, dtype=np.int64)
@@ -49,17 +30,24 @@ def logits_index(n: int, rows, max_rows: int) -> np.ndarray:
     return index
 
 
+STEP_INPUTS = ("input_ids", "position_ids", "logits_index", "seqlens_k", "total_sequence_length", "attention_bias")
+
+
 class BoundInputs:
-    """Decoder.step's small per-step inputs, written in place into buffers that stay bound to its IOBinding.
+    """The small per-step inputs of the decoder graphs (tokens, positions, lengths, logits rows, tree bias), written
+    in place into buffers that stay bound to the graphs' IOBindings; shared by Decoder and edge.paging.PagedDecoder
+    (whose layer graphs take some of them and whose head graph another).
 
     After a step has streamed the weights through the caches, whatever runs between two steps runs cold: binding the
     seven per-step tensors afresh took ~110 us a step, 3% of an int4 SmolLM2 step (Zen 5, 2 threads; 14 us warm).
     A tensor is bound again only when its shape changes: plain decoding rebinds only the attention bias, which
-    grows by a column each step. The values are those of step_inputs and logits_index.
+    grows by a column each step.
     """
 
-    def __init__(self, binding, capacity: int, max_rows: int, tree_attention: bool, package_root):
-        self.binding, self.capacity, self.max_rows = binding, capacity, max_rows
+    def __init__(self, targets: list[tuple[Any, tuple[str, ...]]], capacity: int, max_rows: int,
+                 tree_attention: bool, package_root):
+        """targets: (binding, the input names its graph takes) pairs."""
+        self.targets, self.capacity, self.max_rows = targets, capacity, max_rows
         self.tree_attention, self.root = tree_attention, package_root
         self.ids = np.zeros((1, capacity), np.int64)
         self.positions = np.zeros((1, capacity), np.int64)
@@ -67,41 +55,44 @@ class BoundInputs:
         self.seqlens = np.zeros(1, np.int32)
         self.total = np.zeros((), np.int32)
         self.zeros = np.zeros(0, np.float32)  # a causal step's bias: grown as steps need, never written
-        self.bound: dict[str, tuple[int, ...]] = {}  # input name -> the shape bound
+        self.bound: dict[tuple[int, str], tuple[int, ...]] = {}  # (target, input name) -> the shape bound
 
-    def write(self, past: int, tokens, positions, logits_rows, attention_bias) -> int:
+    def write(self, past: int, tokens: np.ndarray, positions, logits_rows, attention_bias) -> int:
         """Put one step's inputs in place and bind what changed; returns the number of logits rows."""
         n = len(tokens)
         total = past + n
         if total > self.capacity:
             raise ContextOverflowError(f"{total} tokens do not fit in the context of {self.capacity}")
+        if attention_bias is not None and not self.tree_attention:
+            raise ValueError(f"{self.root} was exported without tree attention; re-export it")
+        rows = logits_index(n, logits_rows, self.max_rows)
         self.ids[0, :n] = tokens
         self.positions[0, :n] = np.arange(past, total) if positions is None else positions
-        rows = logits_index(n, logits_rows, self.max_rows)
         self.rows[:len(rows)] = rows
         self.seqlens[0], self.total[()] = total - 1, total
-        self._bind("input_ids", self.ids, (1, n))
-        self._bind("position_ids", self.positions, (1, n))
-        self._bind("logits_index", self.rows, (len(rows),))
-        self._bind("seqlens_k", self.seqlens, (1,))
-        self._bind("total_sequence_length", self.total, ())
+        shapes = {"input_ids": (self.ids, (1, n)), "position_ids": (self.positions, (1, n)),
+                  "logits_index": (self.rows, (len(rows),)), "seqlens_k": (self.seqlens, (1,)),
+                  "total_sequence_length": (self.total, ())}
+        bias = None
         if self.tree_attention:  # its shape changes every step: bound every step
-            self.binding.bind_cpu_input("attention_bias", self._causal(n, total) if attention_bias is None
-                                        else np.ascontiguousarray(attention_bias, dtype=np.float32))
-        elif attention_bias is not None:
-            raise ValueError(f"{self.root} was exported without tree attention; re-export it")
+            bias = (self._causal(n, total) if attention_bias is None
+                    else np.ascontiguousarray(attention_bias, dtype=np.float32))
+        for i, (binding, names) in enumerate(self.targets):
+            for name in names:
+                if name == "attention_bias":
+                    if bias is not None:
+                        binding.bind_cpu_input(name, bias)
+                    continue
+                buffer, shape = shapes[name]
+                if self.bound.get((i, name)) != shape:  # the leading `shape` of a persistent buffer
+                    binding.bind_cpu_input(name, buffer.reshape(-1)[:math.prod(shape)].reshape(shape))
+                    self.bound[(i, name)] = shape
         return len(rows)
 
     def _causal(self, n: int, total: int) -> np.ndarray:
         if self.zeros.size < n * total:
             self.zeros = np.zeros(max(n * total, 2 * self.zeros.size), np.float32)
         return self.zeros[:n * total].reshape(1, 1, n, total)
-
-    def _bind(self, name: str, buffer: np.ndarray, shape: tuple[int, ...]) -> None:
-        """Bind the leading `shape` of one of the persistent buffers, unless bound so already."""
-        if self.bound.get(name) != shape:
-            self.binding.bind_cpu_input(name, buffer.reshape(-1)[:math.prod(shape)].reshape(shape))
-            self.bound[name] = shape
 
 
 class Decoder:
@@ -121,7 +112,8 @@ class Decoder:
         self._hidden = np.empty((max_rows, self.config.hidden_size), np.float32) if has_hidden else None
         self.hidden: np.ndarray | None = None  # the last step's rows of _hidden
         self._binding = self.session.io_binding()
-        self._inputs = BoundInputs(self._binding, self.cache.capacity, max_rows, self.tree_attention, package.root)
+        self._inputs = BoundInputs([(self._binding, STEP_INPUTS)], self.cache.capacity, max_rows,
+                                   self.tree_attention, package.root)
         self._outputs: dict[str, tuple[int, ...]] = {}  # output name -> the shape bound
         for i in range(self.config.num_layers):
             for j, kind in enumerate(("key", "value")):

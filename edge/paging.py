@@ -27,7 +27,7 @@ import numpy as np
 
 from edge.errors import DeviceError, PackageError
 from edge.kv_cache import KVCache
-from edge.model import DEFAULT_PREFILL_CHUNK, Decoder, logits_index, step_inputs
+from edge.model import DEFAULT_PREFILL_CHUNK, BoundInputs, Decoder
 from edge.package import Package
 from edge.session import create_session
 
@@ -310,6 +310,10 @@ class PagedDecoder:
         self._hidden = np.zeros((2, max_tokens, cfg.hidden_size), np.float32)  # ping-pong between layers
         self._logits = np.empty((max_rows, cfg.vocab_size), np.float32)
         self._head = self.head_session.io_binding()
+        layer_inputs = ("position_ids", "seqlens_k", "total_sequence_length", "attention_bias")
+        layer_bindings = {id(b): b for _, b in self._runs}.values()  # each graph's binding once
+        self._inputs = BoundInputs([(b, layer_inputs) for b in layer_bindings] + [(self._head, ("logits_index",))],
+                                   self.cache.capacity, max_rows, self.tree_attention, package.root)
 
     @property
     def resident_layers(self) -> int:
@@ -321,12 +325,7 @@ class PagedDecoder:
         n = len(tokens)
         if n > self.max_tokens:
             raise ValueError(f"at most {self.max_tokens} tokens per step (the paged decoder's max_tokens), got {n}")
-        inputs = step_inputs(self.cache.length, n, self.cache.capacity, positions, attention_bias,
-                             self.tree_attention, self.package.root)
-        rows = logits_index(n, logits_rows, self.max_rows)
-        for binding in {id(b): b for _, b in self._runs}.values():  # each graph's binding once
-            for name, value in inputs.items():
-                binding.bind_cpu_input(name, value)
+        rows = self._inputs.write(self.cache.length, tokens, positions, logits_rows, attention_bias)
         hidden = self._hidden[0, :n]
         self.embedding.gather(tokens, hidden)
         if self.config.embedding_scale != 1.0:
@@ -367,11 +366,10 @@ class PagedDecoder:
             b.bind_ortvalue_output(f"present_{kind}", value)
         return b
 
-    def _run_head(self, n: int, rows: np.ndarray) -> np.ndarray:
+    def _run_head(self, n: int, rows: int) -> np.ndarray:
         b, hidden = self._head, self._hidden[self.config.num_layers % 2]
         b.bind_input("hidden", "cpu", 0, np.float32, [1, n, self.config.hidden_size], hidden.ctypes.data)
-        b.bind_cpu_input("logits_index", rows)
-        out = self._logits[: len(rows)]
+        out = self._logits[:rows]
         b.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
         self.head_session.run_with_iobinding(b)
         return out
