@@ -179,6 +179,20 @@ void finish_tile_row_avx2(const QMatMulArgs& a, int64_t m, int64_t tile, const f
   _mm_storeu_ps(a.y + m * (a.N / 2) + tile * 4, _mm_mul_ps(_mm256_castps256_ps128(act), _mm256_extractf128_ps(v, 1)));
 }
 
+void finish_tile_pair_avx2(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense16) {
+  if (a.gated == 0 || a.outlier_rowptr != nullptr || tile * 8 + 16 > a.N) {
+    finish_tile_row_avx2(a, m, tile, dense16);
+    return finish_tile_row_avx2(a, m, tile + 1, dense16 + 8);
+  }
+  __m256 v0 = _mm256_loadu_ps(dense16), v1 = _mm256_loadu_ps(dense16 + 8);
+  if (a.bias != nullptr) {
+    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(a.bias + tile * 8));
+    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(a.bias + tile * 8 + 8));
+  }
+  const __m256 gates = _mm256_permute2f128_ps(v0, v1, 0x20), ups = _mm256_permute2f128_ps(v0, v1, 0x31);
+  _mm256_storeu_ps(a.y + m * (a.N / 2) + tile * 4, _mm256_mul_ps(gate_activation_avx2(a.gated, gates), ups));
+}
+
 void qmatmul_tiles_avx2(const QMatMulArgs& a, int64_t t0, int64_t t1) { simd::run_tiles<Avx2>(a, t0, t1); }
 
 namespace {

@@ -98,7 +98,8 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
   for (int j = 0; j < T; ++j)
     for (int r = 0; r < R; ++r) {
       V::store(out, acc[j][r]);
-      for (int i = 0; i < V::kTiles; ++i) finish_tile_row_avx2(a, m0 + r, t + j * V::kTiles + i, out + 8 * i);
+      if (V::kTiles == 2) finish_tile_pair_avx2(a, m0 + r, t + j * V::kTiles, out);
+      else finish_tile_row_avx2(a, m0 + r, t + j * V::kTiles, out);
     }
 }
 

@@ -103,8 +103,8 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
   alignas(64) float out[8 * V::kTiles];
   for (int r = 0; r < R; ++r) {
     V::store(out, acc[r]);
-    finish_tile_row_avx2(a, m0 + r, t, out);
-    if (V::kTiles == 2 && pair) finish_tile_row_avx2(a, m0 + r, t + 1, out + 8);
+    if (V::kTiles == 2 && pair) finish_tile_pair_avx2(a, m0 + r, t, out);
+    else finish_tile_row_avx2(a, m0 + r, t, out);
   }
 }
 
