@@ -86,6 +86,9 @@ void finish_tile_row_avx2(const QMatMulArgs& a, int64_t m, int64_t tile, const f
 // vector instead of two half-used ones (the same operations per lane, so the same bits). The activation took ~7% of
 // an 8-token SmolLM2 step on an Intel Xeon (perf), half of it on lanes whose result was dropped.
 void finish_tile_pair_avx2(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense16);
+// Rows m and m + 1 of tiles `tile` and `tile + 1` (32 dense results, row m's 16 first), AVX-512: both rows' 16 gates
+// in one vector, the same operations per lane again. Only in the AVX-512 VNNI translation unit.
+void finish_tile_pairs_avx512(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense32);
 
 // Tiles [t0, t1) of two-level statistics in float32, as float32 statistics of those tiles: scales and (when
 // zero_codes) float zero points, each (t1 - t0, G, 8), from the widened tables (scale_stats_f32, zero_stats_f32).

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "exp_avx512.h"
 #include "qmatmul_vnni.h"
 
 namespace edge {
@@ -122,6 +123,36 @@ struct Avx512Vnni {
 };
 
 }  // namespace
+
+void finish_tile_pairs_avx512(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense32) {
+  if (a.outlier_rowptr != nullptr || tile * 8 + 16 > a.N) {
+    finish_tile_pair_avx2(a, m, tile, dense32);
+    return finish_tile_pair_avx2(a, m + 1, tile, dense32 + 16);
+  }
+  __m512 v0 = _mm512_loadu_ps(dense32), v1 = _mm512_loadu_ps(dense32 + 16);
+  if (a.bias != nullptr) {
+    const __m512 bias = _mm512_loadu_ps(a.bias + tile * 8);
+    v0 = _mm512_add_ps(v0, bias);
+    v1 = _mm512_add_ps(v1, bias);
+  }
+  if (a.gated == 0) {
+    _mm512_storeu_ps(a.y + m * a.N + tile * 8, v0);
+    return _mm512_storeu_ps(a.y + (m + 1) * a.N + tile * 8, v1);
+  }
+  // Per row and tile: 4 gates, then their 4 up values. Gather both rows' 8 gates and 8 up values.
+  const __m512i gate_lanes = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const __m512i up_lanes = _mm512_add_epi32(gate_lanes, _mm512_set1_epi32(4));
+  const __m512 x = _mm512_permutex2var_ps(v0, gate_lanes, v1), up = _mm512_permutex2var_ps(v0, up_lanes, v1);
+  __m512 u = x;  // gate_activation_avx2's operations, 16 lanes
+  if (a.gated != 1)
+    u = _mm512_mul_ps(_mm512_set1_ps(1.5957691216f),
+                      _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), x), x)));
+  const __m512 act = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), u))));
+  const __m512 y = _mm512_mul_ps(act, up);
+  float* row = a.y + m * (a.N / 2) + tile * 4;
+  _mm256_storeu_ps(row, _mm512_castps512_ps256(y));
+  _mm256_storeu_ps(row + a.N / 2, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
+}
 
 void qmatmul_tiles_avx512vnni(const QMatMulArgs& a, int64_t t0, int64_t t1) { vnni::run_tiles<Avx512Vnni>(a, t0, t1); }
 

@@ -100,8 +100,16 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
       acc[r] = V::fnmadd(sz, V::set1(a.xsum[mg]), acc[r]);
     }
   }
-  alignas(64) float out[8 * V::kTiles];
-  for (int r = 0; r < R; ++r) {
+  alignas(64) float out[16 * V::kTiles];
+  int r = 0;
+  if constexpr (V::kTiles == 2) {
+    for (; pair && r + 2 <= R; r += 2) {
+      V::store(out, acc[r]);
+      V::store(out + 16, acc[r + 1]);
+      finish_tile_pairs_avx512(a, m0 + r, t, out);
+    }
+  }
+  for (; r < R; ++r) {
     V::store(out, acc[r]);
     if (V::kTiles == 2 && pair) finish_tile_pair_avx2(a, m0 + r, t, out);
     else finish_tile_row_avx2(a, m0 + r, t, out);
