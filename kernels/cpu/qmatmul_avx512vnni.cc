@@ -147,7 +147,8 @@ void finish_tile_pairs_avx512(const QMatMulArgs& a, int64_t m, int64_t tile, con
   if (a.gated != 1)
     u = _mm512_mul_ps(_mm512_set1_ps(1.5957691216f),
                       _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), x), x)));
-  const __m512 act = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), u))));
+  const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), u));
+  const __m512 act = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
   const __m512 y = _mm512_mul_ps(act, up);
   float* row = a.y + m * (a.N / 2) + tile * 4;
   _mm256_storeu_ps(row, _mm512_castps512_ps256(y));
