@@ -20,6 +20,8 @@ llama-cpp-python builds llama.cpp from source; build the wheel once (2-20 min on
       nice -n 19 pip wheel --no-cache-dir --no-deps -w ~/.cache/edge/wheels llama-cpp-python==0.3.36
     pip install ~/.cache/edge/wheels/llama_cpp_python-0.3.36-*.whl
 
+On a CPU without AVX-VNNI or AVX-512 BF16 (`grep -o 'avx_vnni\|avx512_bf16' /proc/cpuinfo`), set that flag OFF.
+
 speculative.py can add llama.cpp rows to its own table with `run(CATEGORIES, tokens)` (rows in its format).
 """
 
@@ -54,7 +56,9 @@ BUILD_NOTE = (
     "-march=native turns on ggml's AMX backend there, and GCC drops the stores that fill the tile configuration on "
     "the stack before `_tile_loadconfig` (llama.cpp issue #20824, fix proposed in PR #26954). The wheel is therefore "
     "built with GGML_NATIVE=OFF and AVX, AVX2, FMA, F16C, BMI2, AVX-VNNI, AVX-512 (F/CD/VL/DQ/BW, VBMI, VNNI, BF16) "
-    "on and AMX off, the instructions both machines have; it is cached in ~/.cache/edge/wheels (it needs AVX-512).")
+    "on and AMX off, the instructions both machines have; it is cached in ~/.cache/edge/wheels (it needs AVX-512). "
+    "The Xeon of session 17 exposes neither AVX-VNNI nor AVX-512 BF16: there the wheel was built with those two off "
+    "(12 min).")
 
 Turns = Sequence[tuple[str, str | None]]
 Encoder = Callable[[list[dict]], list[int]]
@@ -390,8 +394,8 @@ def report(rows: list[dict], ties: list[tuple], facts: dict, args, load: tuple, 
              f"- Machine: {machine()}; shared with other agents. Load average (1/5/15 min) at start "
              f"{load[0][0]:.2f}/{load[0][1]:.2f}/{load[0][2]:.2f}, at end {load[1][0]:.2f}/{load[1][1]:.2f}/"
              f"{load[1][2]:.2f}. Compare ratios (measured back to back), not absolute tok/s.",
-             f"- llama-cpp-python {facts['llama_cpp_version']} built from source (CPU: AVX-512/VNNI/BF16, OpenMP; "
-             f"AMX off, see below), the default "
+             f"- llama-cpp-python {facts['llama_cpp_version']} built from source (CPU, OpenMP; its "
+             f"instruction sets: see Build below), the default "
              f"model's GGUF (SmolLM2-135M-Instruct Q4_1), {args.threads} threads (OMP_WAIT_POLICY="
              f"{facts['omp_wait_policy']}), greedy (temp 0, no penalties), "
              f"{args.tokens} new tokens at most (EOS stops), {args.reps} interleaved rep(s), {seconds / 60:.1f} min.",
