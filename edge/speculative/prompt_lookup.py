@@ -25,8 +25,6 @@ tasks and questions, 96 tokens) 1.72x -> 1.78x over the five categories, none lo
 
 from __future__ import annotations
 
-import numpy as np
-
 from edge.speculative.drafter import Draft, Drafter
 
 
@@ -55,6 +53,8 @@ class PromptLookup(Drafter):
         self.source: int | None = None  # context index the next token is expected to copy
         self.seen = 0  # context length at the last propose()
         self.unmatched = 0  # tokens since the last match
+        self.tokens: list[int] = []  # the context indexed so far
+        self.where: dict[int, list[int]] = {}  # token -> its positions in `tokens`, in order
 
     def begin(self, context: list[int]) -> None:
         self.reset()
@@ -69,36 +69,47 @@ class PromptLookup(Drafter):
             self.source += added
         self.seen = length
 
-    def _match(self, ids: np.ndarray) -> tuple[np.ndarray | None, int]:
+    def _index(self, context: list[int]) -> None:
+        """Bring the token -> positions index up to `context`: within a generation each call's context extends the
+        last one's, so only the tokens added since are indexed; anything else is indexed afresh."""
+        n = len(self.tokens)
+        if len(context) < n or context[:n] != self.tokens:
+            self.tokens, self.where, n = [], {}, 0
+        for i in range(n, len(context)):
+            self.where.setdefault(context[i], []).append(i)
+        self.tokens.extend(context[n:])
+
+    def _match(self, ids: list[int]) -> tuple[list[int] | None, int]:
         """Ends of the earlier occurrences of the longest matching suffix (n tokens).
 
-        Runs every step, so it must cost microseconds: find the earlier occurrences of the last token once, then
-        keep those whose preceding tokens match too, one n at a time (comparing whole windows for every n cost
-        ~0.2 ms at 300 tokens, 3% of an int4 step). Ends lie in 0..len-2: each is followed by >= 1 token."""
-        ends = np.flatnonzero(ids[:-1] == ids[-1])
-        found, n = (ends, 1) if ends.size else (None, 0)
+        Runs every step, after a target step has left the caches cold, so it must cost microseconds: the earlier
+        occurrences of the last token come from the index, then those whose preceding tokens match too are kept,
+        one n at a time, in Python (numpy on the whole context cost ~90 us a step, most of it per-call overhead:
+        session 19). Ends lie in 0..len-2: each is followed by >= 1 token."""
+        ends = self.where[ids[-1]][:-1]  # the last token's own position is the last entry
+        found, n = (ends, 1) if ends else (None, 0)
         for m in range(2, min(self.max_ngram, len(ids) - 1) + 1):
-            ends = ends[ends >= m - 1]
-            ends = ends[ids[ends - (m - 1)] == ids[-m]]
-            if not ends.size:
+            ends = [e for e in ends if e >= m - 1 and ids[e - (m - 1)] == ids[-m]]
+            if not ends:
                 break
             found, n = ends, m
         return found, n
 
-    def _start(self, ends: np.ndarray) -> int:
+    def _start(self, ends: list[int]) -> int:
         """Where to copy from: the occurrence nearest the copy position if one is near, else the most recent."""
-        starts = ends + 1
         if self.source is not None:
-            distance = np.abs(starts - self.source)
-            if distance.min() <= NEAR:
-                return int(starts[np.argmin(distance)])
-        return int(starts[-1])
+            distance = [abs(e + 1 - self.source) for e in ends]
+            nearest = min(distance)
+            if nearest <= NEAR:
+                return ends[distance.index(nearest)] + 1
+        return ends[-1] + 1
 
     def propose(self, context: list[int], depth: int) -> Draft:
         self._follow_answer(len(context))
         if depth <= 0 or len(context) < 2:
             return Draft()
-        ids = np.asarray(context, dtype=np.int64)
+        self._index(context)
+        ids = self.tokens
         found, n = self._match(ids)
         if found is None or n < self.min_ngram:
             self.unmatched += 1
@@ -107,6 +118,6 @@ class PromptLookup(Drafter):
             return Draft()
         start = self._start(found)
         self.source, self.unmatched = start, 0
-        draft = Draft.chain(ids[start:start + depth].tolist())
+        draft = Draft.chain(ids[start:start + depth])
         draft.kind = kind(n)
         return draft
