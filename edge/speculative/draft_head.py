@@ -52,6 +52,7 @@ class DraftHead(Drafter):
         self._steps(0, 1)  # the first run allocates (~1.5 ms)
 
     def _bind(self, source: int, target: int):
+        """A binding that reads buffer set `source` and writes set `target`."""
         binding = self.session.io_binding()
         binding.bind_cpu_input("state", self._state[source])
         binding.bind_cpu_input("token", self._token[source])
