@@ -10,12 +10,22 @@ runs its 1-token steps) and with the sizes taking turns (CostCurve.measure, what
 more, measured on a Zen 5). Prints the median over rounds of each size's time and its ratio to
 the 1-token step. Build a library to compare with `python kernels/build.py --no-cuda` and copy
 kernels/libedge_kernels.so away first.
+
+    python benchmarks/step_ab.py A.so B.so --paired [--pairs 150] [--past 200]
+
+--paired: both libraries in one process, an engine each (EDGE_SPIN=run, so the idle engine's workers do not spin on
+the cores the other needs), their steps alternating A, B, A, B at each size, each timed step after a transition
+step of its own. Prints per size the median of B/A over the pairs: a pair is ~20 ms apart, so the machine's pace,
+which drifts over seconds (1-token steps of 3.8 to 8.2 ms within an hour on the Intel Xeon of sessions 17-20),
+cancels out. Naming one library twice shows the method's resolution: 0.98-1.02 on that Xeon at 150 pairs (a
+minute), against run-to-run swings of 5-10% in the fresh-process mode.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -48,6 +58,59 @@ print(json.dumps({"runs": runs, "turns": dict(zip(curve.sizes, curve.seconds))})
 """
 
 
+PAIRED_WORKER = """
+import json, math, os, shutil, statistics, sys, tempfile, time
+from edge.default_model import default_package
+from edge.engine import Engine
+libraries, sizes, past, pairs = json.loads(sys.argv[1]), tuple(json.loads(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4])
+os.environ["EDGE_SPIN"] = "run"
+folder = tempfile.mkdtemp()
+decoders = []
+for i, library in enumerate(libraries):
+    copy = os.path.join(folder, f"lib{i}.so")  # a path of its own: the same file twice would be loaded once
+    shutil.copy(library, copy)
+    os.environ["EDGE_KERNELS_LIBRARY"] = copy
+    engine = Engine(default_package("int4-edge"), threads=2)
+    engine.generate("Hello there", max_tokens=4)
+    decoder = engine.decoder
+    decoder.step([j % 1000 + 5 for j in range(past - decoder.cache.length)])
+    decoders.append((decoder, decoder.cache.length))
+shutil.rmtree(folder)
+
+def step(which, size):
+    decoder, base = decoders[which]
+    start = time.perf_counter()
+    decoder.step([7 * j % 1000 + 11 for j in range(size)], logits_rows=list(range(size)))
+    seconds = time.perf_counter() - start
+    decoder.cache.trim(base)
+    return seconds
+
+times = {f"{w}/{s}": [] for w in (0, 1) for s in sizes}
+for n in range(pairs):
+    for size in sizes:
+        for which in ((0, 1) if n % 2 == 0 else (1, 0)):
+            step(which, size)  # a transition from the size before
+            times[f"{which}/{size}"].append(step(which, size))
+print(json.dumps(times))
+"""
+
+
+def paired(libraries: list[str], past: int, pairs: int) -> None:
+    run = subprocess.run([sys.executable, "-c", PAIRED_WORKER, json.dumps(libraries), json.dumps(SIZES), str(past),
+                          str(pairs)], capture_output=True, text=True, check=True)
+    times = json.loads(run.stdout.strip().splitlines()[-1])
+    a, b = libraries
+    for size in SIZES:
+        ta, tb = times[f"0/{size}"], times[f"1/{size}"]
+        ratios = [y / x for x, y in zip(ta, tb)]
+        print(f"S={size}: A {statistics.median(ta) * 1e3:.2f} ms, B {statistics.median(tb) * 1e3:.2f} ms, B/A "
+              f"{statistics.median(ratios):.3f} (median of {len(ratios)} pairs; geometric mean "
+              f"{math.exp(statistics.fmean(math.log(r) for r in ratios)):.3f})")
+    for name, which in ((a, 0), (b, 1)):
+        one = statistics.median(times[f"{which}/1"])
+        print(f"{name}: " + ", ".join(f"S={s} {statistics.median(times[f'{which}/{s}']) / one:.2f}x" for s in SIZES[1:]))
+
+
 def measure(library: str, past: int) -> dict[str, dict[str, float]]:
     env = {**os.environ, "EDGE_KERNELS_LIBRARY": library}
     run = subprocess.run([sys.executable, "-c", WORKER, json.dumps(SIZES), str(past)], env=env, capture_output=True,
@@ -60,7 +123,13 @@ def main() -> None:
     parser.add_argument("libraries", nargs="+")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--past", type=int, default=200)
+    parser.add_argument("--paired", action="store_true", help="two libraries in one process, steps alternating")
+    parser.add_argument("--pairs", type=int, default=150)
     args = parser.parse_args()
+    if args.paired:
+        if len(args.libraries) != 2:
+            parser.error("--paired compares exactly two libraries (the same one twice: the method's resolution)")
+        return paired(args.libraries, args.past, args.pairs)
     if len(set(args.libraries)) != len(args.libraries):
         parser.error("name each library once")
     results: dict[str, list[dict]] = {lib: [] for lib in args.libraries}

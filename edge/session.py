@@ -27,8 +27,12 @@ def default_threads() -> int:
 def spin_setting() -> str:
     """Whether idle worker threads spin between ops. Spinning saves a wake-up per op on an idle machine, but on a
     busy one a spinning thread burns the core that another thread needs (measured: 2x slower decoding with 2
-    threads on 2 busy cores). EDGE_SPIN=1 or 0 overrides the default; benchmarks/decode.py measures both."""
-    return "1" if os.environ.get("EDGE_SPIN", DEFAULT_SPIN) == "1" else "0"
+    threads on 2 busy cores). EDGE_SPIN=1 or 0 overrides the default; benchmarks/decode.py measures both.
+    EDGE_SPIN=run: spin between the ops of a run, stop when it ends, for sessions that take turns on the same cores
+    (two target sessions side by side, as benchmarks/step_ab.py --paired runs them: with both spinning a 1-token
+    step took 9.3 ms instead of 5.5)."""
+    value = os.environ.get("EDGE_SPIN", DEFAULT_SPIN)
+    return value if value in ("1", "run") else "0"
 
 
 def check_cuda_graph(graph: Path) -> None:
@@ -63,8 +67,10 @@ def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning",
-                                     spin_setting() if spin is None else str(int(spin)))
+    setting = spin_setting() if spin is None else str(int(spin))
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0" if setting == "0" else "1")
+    if setting == "run":
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     for domain in custom_ops or []:
         if domain != "edge":
             raise DeviceError(f"the model needs custom ops of domain {domain!r}, which edge does not provide")
