@@ -32,6 +32,7 @@ struct AvxVnni {
   static I slli(I v) { return _mm256_slli_epi32(v, n); }
   static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
   static I dpbusd(I acc, I u8, I s8) { return _mm256_dpbusd_avx_epi32(acc, u8, s8); }
+  static I dpbusd_bcast(I acc, I u8, const int32_t* s8) { return dpbusd(acc, u8, _mm256_set1_epi32(*s8)); }
   static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }

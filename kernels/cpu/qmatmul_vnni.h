@@ -72,17 +72,17 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
         for (int r = 0; r < R; ++r) {
           const int32_t* d = xd + uu * unit_stride + r * 2 * D;
           if (D == 1) {
-            s0[r] = V::dpbusd(s0[r], even, V::set1i(d[0]));
-            if (kOneSum) s0[r] = V::dpbusd(s0[r], odd, V::set1i(d[1]));
-            else s1[r] = V::dpbusd(s1[r], odd, V::set1i(d[1]));
+            s0[r] = V::dpbusd_bcast(s0[r], even, d);
+            if (kOneSum) s0[r] = V::dpbusd_bcast(s0[r], odd, d + 1);
+            else s1[r] = V::dpbusd_bcast(s1[r], odd, d + 1);
             continue;
           }
-          s0[r] = V::dpbusd(s0[r], even, V::set1i(d[0]));
-          s1[r] = V::dpbusd(s1[r], even, V::set1i(d[1]));
-          s2[r] = V::dpbusd(s2[r], even, V::set1i(d[2]));
-          s0[r] = V::dpbusd(s0[r], odd, V::set1i(d[3]));
-          s1[r] = V::dpbusd(s1[r], odd, V::set1i(d[4]));
-          s2[r] = V::dpbusd(s2[r], odd, V::set1i(d[5]));
+          s0[r] = V::dpbusd_bcast(s0[r], even, d);
+          s1[r] = V::dpbusd_bcast(s1[r], even, d + 1);
+          s2[r] = V::dpbusd_bcast(s2[r], even, d + 2);
+          s0[r] = V::dpbusd_bcast(s0[r], odd, d + 3);
+          s1[r] = V::dpbusd_bcast(s1[r], odd, d + 4);
+          s2[r] = V::dpbusd_bcast(s2[r], odd, d + 5);
         }
       }
       for (int r = 0; r < R; ++r) {
