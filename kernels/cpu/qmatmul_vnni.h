@@ -41,10 +41,12 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
   const int64_t group_stride = pair ? a.G * 8 : 0;
   const int64_t tile_stride = pair ? a.tile_bytes : 0;
   const I nibbles = V::set1i(0x0F0F0F0F);
-  // int8 x: even and odd k go to two sums per row, else a row's chain waits on vpdpbusd latency; 9 rows' chains
+  // int8 x: even and odd k go to two sums per row, else a row's chain waits on vpdpbusd latency; 8 or 9 rows' chains
   // hide it, and 9 rows' two sums each would not fit the registers (576x1536: 39 us spilled, 29 us with one sum;
-  // the same integers). 8 rows keep two (one was ~1% slower, session 14).
-  constexpr bool kOneSum = D == 1 && R > 8;
+  // the same integers). At 8 rows one sum was ~1% slower on the Zen 5 (session 14); with the broadcast folded into
+  // the vpdpbusd it saves the adds: 8-, 12- and 16-token steps 2-3% faster on the Intel Xeon (session 20,
+  // `step_ab.py --paired` both ways round).
+  constexpr bool kOneSum = D == 1 && R >= 8;
   const DigitRow row = digit_row(a, m0);  // one pointer serves the R rows
   const int32_t* xd = a.xd + row.words;
   const int64_t unit_stride = kWhole ? R * 2 * D : row.unit_stride;
