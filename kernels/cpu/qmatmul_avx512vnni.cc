@@ -116,9 +116,9 @@ struct Avx512Vnni {
   static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
   static I dpbusd(I acc, I u8, I s8) { return _mm512_dpbusd_epi32(acc, u8, s8); }
   // The row's 4 digits broadcast from memory inside the vpdpbusd ({1to16}): GCC 12 loads them with a separate
-  // vpbroadcastd into a register instead, one more instruction per multiply. Folded, an 8- or 9-token step of the
-  // default model took 3-6% less (S=9 0.946-0.950 of the unfolded library's time, and 1.063-1.080 the other way
-  // round, `benchmarks/step_ab.py --paired`, Intel Xeon), the 1-token step the same.
+  // vpbroadcastd into a register instead, one more instruction per multiply. Folded, the default model's 8- and
+  // 9-token steps took 3-10% less (S=8 0.94-0.97, S=9 0.90-0.95 of the unfolded library's time in three
+  // `benchmarks/step_ab.py --paired` runs, one the other way round; Intel Xeon), the 1-token step the same.
   static I dpbusd_bcast(I acc, I u8, const int32_t* s8) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u8), "m"(*s8));
     return acc;
