@@ -32,36 +32,41 @@ import subprocess
 import sys
 
 SIZES = (1, 2, 4, 6, 8, 9, 12, 16)  # 9: a draft of 8 tokens and its root
-WORKER = """
-import json, sys, time
-import numpy as np
+
+# What both workers share: an engine on the default package with a `past`-token cache, and one timed step of
+# `size` tokens on top of it, the cache trimmed back after.
+COMMON = """
+import json, os, shutil, sys, tempfile, time
 from edge.default_model import default_package
 from edge.engine import Engine
+
+def ready_decoder(past):
+    engine = Engine(default_package("int4-edge"), threads=2)
+    engine.generate("Hello there", max_tokens=4)
+    decoder = engine.decoder
+    decoder.step([j % 1000 + 5 for j in range(past - decoder.cache.length)])
+    return decoder, decoder.cache.length
+
+def timed_step(decoder, base, size):
+    start = time.perf_counter()
+    decoder.step([7 * j % 1000 + 11 for j in range(size)], logits_rows=list(range(size)))
+    seconds = time.perf_counter() - start
+    decoder.cache.trim(base)
+    return seconds
+"""
+WORKER = COMMON + """
+import numpy as np
 from edge.speculative import CostCurve
 sizes, past = tuple(json.loads(sys.argv[1])), int(sys.argv[2])
-engine = Engine(default_package("int4-edge"), threads=2)
-engine.generate("Hello there", max_tokens=4)
-decoder = engine.decoder
-decoder.step([i % 1000 + 5 for i in range(past - decoder.cache.length)])
-base = decoder.cache.length
+decoder, base = ready_decoder(past)
 runs = {}
 for size in sizes:
-    times = []
-    for _ in range(21):  # the first of a run is a transition from the size before
-        start = time.perf_counter()
-        decoder.step([7 * i % 1000 + 11 for i in range(size)], logits_rows=list(range(size)))
-        times.append(time.perf_counter() - start)
-        decoder.cache.trim(base)
+    times = [timed_step(decoder, base, size) for _ in range(21)]  # the first: a transition from the size before
     runs[size] = float(np.median(times[1:]))
 curve = CostCurve.measure(decoder, sizes=sizes, past=past, repeats=15)
 print(json.dumps({"runs": runs, "turns": dict(zip(curve.sizes, curve.seconds))}))
 """
-
-
-PAIRED_WORKER = """
-import json, os, shutil, sys, tempfile, time
-from edge.default_model import default_package
-from edge.engine import Engine
+PAIRED_WORKER = COMMON + """
 libraries, sizes, past, pairs = json.loads(sys.argv[1]), tuple(json.loads(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4])
 os.environ["EDGE_SPIN"] = "run"
 folder = tempfile.mkdtemp()
@@ -70,27 +75,14 @@ for i, library in enumerate(libraries):
     copy = os.path.join(folder, f"lib{i}.so")  # a path of its own: the same file twice would be loaded once
     shutil.copy(library, copy)
     os.environ["EDGE_KERNELS_LIBRARY"] = copy
-    engine = Engine(default_package("int4-edge"), threads=2)
-    engine.generate("Hello there", max_tokens=4)
-    decoder = engine.decoder
-    decoder.step([j % 1000 + 5 for j in range(past - decoder.cache.length)])
-    decoders.append((decoder, decoder.cache.length))
+    decoders.append(ready_decoder(past))
 shutil.rmtree(folder)
-
-def step(which, size):
-    decoder, base = decoders[which]
-    start = time.perf_counter()
-    decoder.step([7 * j % 1000 + 11 for j in range(size)], logits_rows=list(range(size)))
-    seconds = time.perf_counter() - start
-    decoder.cache.trim(base)
-    return seconds
-
 times = {f"{w}/{s}": [] for w in (0, 1) for s in sizes}
 for n in range(pairs):
     for size in sizes:
         for which in ((0, 1) if n % 2 == 0 else (1, 0)):
-            step(which, size)  # a transition from the size before
-            times[f"{which}/{size}"].append(step(which, size))
+            timed_step(*decoders[which], size)  # a transition from the size before
+            times[f"{which}/{size}"].append(timed_step(*decoders[which], size))
 print(json.dumps(times))
 """
 
