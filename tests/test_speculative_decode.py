@@ -236,6 +236,25 @@ def test_a_switched_off_learner_costs_little_between_probes(packages):
     assert calls // QUIET_EVERY - 1 <= recycling.observed <= calls // QUIET_EVERY + 1
 
 
+def test_drafters_are_fitted_to_the_cost_curve_once_it_is_known(packages):
+    """A tree drafter shapes its tree for the device (TokenRecycling.fit): the speculator hands each drafter its
+    measured cost curve once, before the first draft is sized, and the tree it drafts has the shape chosen."""
+    fp32, _ = packages
+    engine = Engine(fp32, context_length=96, threads=1)
+    fitted = []
+
+    class Fitting(TokenRecycling):
+        def fit(self, cost):
+            fitted.append(cost)
+            self.widths = (1,) * 8  # as on a steep curve
+
+    recycling = Fitting(VOCAB)
+    engine.speculator = Speculator([recycling])
+    engine.generate(PROMPTS[0], max_tokens=8)
+    engine.generate(PROMPTS[1], max_tokens=8)
+    assert fitted == [engine.speculator.curve] and recycling.size(4) == 4
+
+
 def test_the_root_is_sure_when_the_target_gives_it_at_least_SURE():
     scratch = np.empty(5, np.float32)
     peaked = np.log(np.array([SURE + 0.01, 0.1, 0.05, 0.03, 0.0099], np.float32))

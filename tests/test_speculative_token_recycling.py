@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge.speculative import TokenRecycling
+from edge.speculative import CostCurve, TokenRecycling
 from edge.speculative.drafter import ROOT
 from edge.speculative.token_recycling import top_k
 
@@ -50,3 +50,16 @@ def test_top_k_is_exact_whatever_the_logits_spread():
             row = (rng.standard_normal(1000) * scale).astype(np.float32)
             expected = np.argsort(-row, kind="stable")[:8]
             assert top_k(row, 8).tolist() == expected.tolist()
+
+
+def test_fit_makes_a_chain_where_verify_rows_cost_and_keeps_the_tree_where_they_are_nearly_free():
+    steep = CostCurve((1, 2, 4, 8, 16), (5.0, 6.1, 7.0, 8.2, 13.5))  # the 2-core CPU's int4 curve, in ms
+    flat = CostCurve((1, 2, 4, 8, 16), (3.0, 3.0, 3.02, 3.05, 3.1))  # a GPU's
+    cpu, gpu = TokenRecycling(50), TokenRecycling(50)
+    cpu.fit(steep)
+    gpu.fit(flat)
+    assert cpu.widths == (1,) * 8 and cpu.size(3) == 3
+    assert gpu.widths == (4, 2, 2, 1, 1, 1, 1, 1) and gpu.size(1) == 4
+    cpu.observe([0, 1, 2], np.stack([logits_preferring(50, o) for o in ([1, 5], [2, 6], [3, 7])]))
+    draft = cpu.propose([9, 0], 3)
+    assert draft.tokens == [1, 2, 3] and draft.is_chain

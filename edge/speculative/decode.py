@@ -86,6 +86,8 @@ class Speculator:
     def _curve(self, decoder: Decoder) -> CostCurve:
         if self.curve is None:
             self.curve = CostCurve.cached(decoder, self.threads)
+            for d in self.drafters:
+                d.fit(self.curve)
         return self.curve
 
     def _switched_off(self, drafter: Drafter) -> bool:

@@ -98,6 +98,10 @@ class Drafter:
         """The most nodes a draft of `depth` levels has: what the target has to verify. Chains: depth."""
         return depth
 
+    def fit(self, cost) -> None:
+        """Called once the target's cost curve is known (edge.speculative.adaptive.CostCurve: seconds of a verify
+        call by its number of tokens), before any draft is sized: a tree drafter shapes its tree for it."""
+
     def observe(self, tokens: list[int], logits: np.ndarray) -> None:
         """See the target's logits for `tokens` (one row each) after a verify call. Most drafters ignore it."""
 

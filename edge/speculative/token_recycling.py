@@ -3,15 +3,30 @@
 Every verify call yields logits for each node it scored; their top-k are stored as that token's likely successors
 (a vocab x k table, 1.5 MiB for 49k tokens and k=8, overwritten by newer evidence). A draft is a tree grown by
 breadth-first search from the root through the table, `widths[d]` children per node at depth d+1.
+
+The tree's shape suits the device (fit): where verifying more rows is nearly free (a GPU), the wide tree; where each
+row costs (2-core CPU, int4: a 5-row verify 1.46x a 1-row one), a chain of first choices. Replayed along the
+default model's greedy answers to the benchmark's prompts (benchmarks/RESULTS.md, session 21), the table's first
+choice was the next token 31-50% of the time where recycling can pay (code, summarise, repeat), its 2nd-4th choices
+only 6-13% more together: three more rows per level cost far more than that on the CPU.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edge.speculative.drafter import ROOT, Draft, Drafter
 
+if TYPE_CHECKING:
+    from edge.speculative.adaptive import CostCurve
+
 DEFAULT_WIDTHS = (4, 2, 2, 1, 1, 1, 1, 1)
+CHAIN_WIDTHS = (1,) * 8
+# What a runner-up adds to a level's chance that the target's token is among the drafts, as a share of a step
+# (measured: 2nd-4th choices 0.02-0.04 each); a row that costs more than this to verify is not worth adding.
+RUNNER_UP_GAIN = 0.03
 
 
 class TokenRecycling(Drafter):
@@ -30,6 +45,13 @@ class TokenRecycling(Drafter):
         if not len(tokens):
             return
         self.successors[np.asarray(tokens)] = np.stack([top_k(row, self.successors.shape[1]) for row in logits])
+
+    def fit(self, cost: CostCurve) -> None:
+        """A chain where an extra verify row costs more than a runner-up adds (see RUNNER_UP_GAIN), else the tree
+        given (on a flat cost curve, the wide default)."""
+        rows = min(max(cost.sizes), 1 + self.size(len(self.widths)))  # within the measured range
+        if rows > 1 and (cost(rows) / cost(1) - 1) / (rows - 1) > RUNNER_UP_GAIN:
+            self.widths = CHAIN_WIDTHS[:len(self.widths)]
 
     def size(self, depth: int) -> int:
         total, level = 0, 1
