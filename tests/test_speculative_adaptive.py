@@ -234,6 +234,25 @@ def test_once_off_only_a_probe_switches_drafting_back_on():
     assert policy.depth() > 0 and policy.drafting()
 
 
+def test_a_shadowed_policy_never_probes_and_its_shadow_guesses_switch_it_back_on():
+    """A cheap drafter's guesses are scored against the target's tokens while it is off: no paid probes."""
+    policy = AdaptiveDepth(STEEP, chain, probe_every=4, shadowed=True)
+    assert policy.depth() == 0 and policy.off  # the prior (1 in 3) loses on the steep curve
+    for _ in range(40):
+        policy.shadow(False)
+    assert [policy.depth() for _ in range(40)] == [0] * 40  # never a probe, whatever the wait
+    hits = 0
+    while policy.off:
+        policy.shadow(True)
+        hits += 1
+    assert 1 <= hits <= 16 and policy.depth() > 0  # passing guesses earn drafts again (~72% pass: 1.64x)
+    level_two = policy.rates()[1]
+    plain = AdaptiveDepth(STEEP, chain, probe_every=4)
+    plain.depth()
+    plain.shadow(True)  # not shadowed: shadow evidence is ignored, probes decide
+    assert plain.off and plain.rates()[0] == pytest.approx(1 / 3) and level_two > 0
+
+
 def test_catch_up_counts_while_drafting_but_a_probe_only_spaces_the_next_probe():
     """A draft model reads the tokens prompt lookup supplied before each draft: a cost of keeping it on. A probe
     reads everything since drafting stopped: a one-off, which sets how long until the next probe instead."""

@@ -255,6 +255,51 @@ def test_drafters_are_fitted_to_the_cost_curve_once_it_is_known(packages):
     assert fitted == [engine.speculator.curve] and recycling.size(4) == 4
 
 
+class Guesser(Drafter):
+    """A cheap drafter whose one-token guesses are right or wrong on demand (the greedy answer it is given)."""
+
+    name = "guesser"
+    cheap = True
+
+    def __init__(self, answer, prompt_len):
+        self.answer, self.prompt_len, self.right = answer, prompt_len, False
+        self.asked = 0
+
+    def propose(self, context, depth):
+        self.asked += 1
+        done = len(context) - self.prompt_len
+        if done >= len(self.answer):
+            return Draft()
+        token = self.answer[done]
+        return Draft.chain([token if self.right else (token + 1) % VOCAB])
+
+
+def test_a_switched_off_cheap_drafter_is_scored_without_probes_and_comes_back_when_right(packages):
+    """While its policy has it off, a cheap drafter's guess is compared with the token the target produced (no
+    verify rows spent on probes); once its guesses pass, it drafts again. Output stays plain greedy throughout."""
+    fp32, _ = packages
+    prompt = PROMPTS[1]
+    answer = plain_greedy(fp32, prompt, 60)
+    engine = Engine(fp32, context_length=96, threads=1)
+    guesser = Guesser(answer, len(prompt))
+    engine.speculator = Speculator([guesser])
+    text = engine.generate(prompt, max_tokens=30)  # wrong guesses: switched off after a few drafts
+    wrong_drafts = engine.stats.speculative.drafted
+    policy = engine.speculator.policies["guesser"]
+    assert policy.off and policy.shadowed and wrong_drafts <= 6
+    engine.reset()
+    asked = guesser.asked
+    engine.generate(prompt, max_tokens=30)
+    assert engine.stats.speculative.drafted == 0  # still wrong: no probe in 30 steps (probe_every is 16)
+    assert guesser.asked - asked >= 25  # but asked every step, for its shadow guess
+    guesser.right = True
+    engine.reset()
+    text = engine.generate(prompt, max_tokens=40)
+    stats = engine.stats.speculative
+    assert stats.drafted > 0 and stats.accepted > 0 and not policy.off
+    assert engine.tokenizer.encode(text, add_special_tokens=False) == answer[:40]
+
+
 def test_the_root_is_sure_when_the_target_gives_it_at_least_SURE():
     scratch = np.empty(5, np.float32)
     peaked = np.log(np.array([SURE + 0.01, 0.1, 0.05, 0.03, 0.0099], np.float32))

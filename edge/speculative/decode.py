@@ -17,7 +17,7 @@ from edge.sampling import Sampler, SamplingParams
 from edge.speculative.adaptive import AdaptiveDepth, CostCurve, FixedDepth, Pace
 from edge.speculative.drafter import Draft, Drafter
 from edge.speculative.stats import SpeculativeStats
-from edge.speculative.verify import accept_greedy, accept_sampled, tree_inputs
+from edge.speculative.verify import Verdict, accept_greedy, accept_sampled, tree_inputs
 
 QUIET_EVERY = 4  # a switched-off learner observes one verify call in this many
 SURE = 0.8  # the target's probability of the root at and above which the root counts as sure (root_is_sure)
@@ -33,6 +33,15 @@ def root_is_sure(row: np.ndarray | None, scratch: np.ndarray) -> bool:
     np.subtract(row, row.max(), out=scratch)
     np.exp(scratch, out=scratch)
     return float(scratch.sum()) <= 1.0 / SURE
+
+
+def after_root(tokens: list[int], draft: Draft, verdict: Verdict, greedy: bool) -> int | None:
+    """The token the target produced after the root, to score shadow guesses by; None where it is not a draw from
+    the target's own distribution: a near-tie left undecided, or a sampled draft's rejected first token (the token
+    then comes from the residual distribution)."""
+    if len(verdict.path) > 1:
+        return tokens[verdict.path[1]]
+    return verdict.next_token if greedy or not len(draft) else None
 
 
 class Speculator:
@@ -57,6 +66,8 @@ class Speculator:
         self.stats = SpeculativeStats()
         self.steps = 0  # verify calls so far, for learners that observe only some of them
         self._scratch: np.ndarray | None = None  # root_is_sure's buffer, one vocabulary row
+        # This step's switched-off cheap drafters and the first-level guesses they would have drafted
+        self._shadows: list[tuple[AdaptiveDepth, list[int]]] = []
 
     @property
     def name(self) -> str:
@@ -74,7 +85,7 @@ class Speculator:
                 prior = {} if known is None else {"successes": KNOWN_WEIGHT * known, "trials": KNOWN_WEIGHT}
                 self.policies[key] = AdaptiveDepth(self._curve(decoder), drafter.size, self.max_depth,
                                                    enabled=measured is None or measured >= 1, plain=self.plain,
-                                                   **prior)
+                                                   shadowed=drafter.cheap, **prior)
         return self.policies[key]
 
     def prepare(self, decoder: Decoder) -> None:
@@ -111,13 +122,15 @@ class Speculator:
                root_row: np.ndarray | None) -> tuple[Drafter | None, Draft, AdaptiveDepth | FixedDepth | None, float]:
         """root_row: the target's logits the root was chosen from (None: not known), for confidence_kinds."""
         start = time.perf_counter()
+        self._shadows.clear()
         for drafter in self.drafters:
-            # A cheap drafter's guess comes first, to be judged by its kind; one that is waiting for a probe is not
-            # asked at all on the steps in between.
-            first = drafter.cheap and not self._waiting(drafter)
-            draft = drafter.propose(context, min(self.max_depth, depth_cap)) if first else None
-            if draft is not None and not len(draft):
-                continue  # no guess this step: nothing to judge, and no probe spent on it
+            # A cheap drafter's guess comes first, to be judged by its kind; one switched off guesses a single level,
+            # which is scored against the target's next token instead of drafted (AdaptiveDepth.shadow).
+            draft = None
+            if drafter.cheap and not self._disabled(drafter):
+                draft = drafter.propose(context, 1 if self._waiting(drafter) else min(self.max_depth, depth_cap))
+                if not len(draft):
+                    continue  # no guess this step: nothing to judge
             if draft is not None and draft.kind in drafter.confidence_kinds:
                 if self._scratch is None or self._scratch.shape != (decoder.config.vocab_size,):
                     self._scratch = np.empty(decoder.config.vocab_size, np.float32)
@@ -127,6 +140,8 @@ class Speculator:
             while depth > 0 and drafter.size(depth) > node_cap:
                 depth -= 1
             if depth <= 0:
+                if draft is not None and isinstance(policy, AdaptiveDepth) and policy.off:
+                    self._shadows.append((policy, [t for t, d in zip(draft.tokens, draft.depths()) if d == 1]))
                 continue
             draft = draft.truncated(depth) if draft is not None else drafter.propose(context, depth)
             if len(draft):
@@ -142,7 +157,7 @@ class Speculator:
         every numpy call on a 49k-logit row takes tens of microseconds, and the top-k of one row ~0.2 ms (3% of an
         int4 step; measured in the loop, 4x a warm micro-benchmark). So only the accepted path's rows, a chain's
         as a view (a copy allocates afresh each step), and a learner switched off for losing sees every
-        `QUIET_EVERY`-th step only: enough to keep its table fresh for the next probe.
+        `QUIET_EVERY`-th step only: enough to keep its table fresh for its shadow guesses.
         """
         self.steps += 1
         learners = [d for d in self.drafters if d.learns and (self.steps % QUIET_EVERY == 0 or not self._waiting(d))]
@@ -160,9 +175,22 @@ class Speculator:
                 d.follow(None if hidden is None else hidden[row])
 
     def _waiting(self, drafter: Drafter) -> bool:
-        """Switched off by its adaptive policy until the next probe (cheap: runs every step)."""
+        """Switched off by its adaptive policy until a probe or its shadow guesses switch it back on."""
         policy = self.policies.get(drafter.name)
         return isinstance(policy, AdaptiveDepth) and (policy.off or not policy.enabled)
+
+    def _disabled(self, drafter: Drafter) -> bool:
+        """Measured to lose at every depth: never drafts, never probes, not even asked for a shadow guess."""
+        policy = self.policies.get(drafter.name)
+        return isinstance(policy, AdaptiveDepth) and not policy.enabled
+
+    def _score_shadows(self, produced: int | None) -> None:
+        """Tell the switched-off drafters of this step whether their guess was the token the target produced after
+        the root (None: not decided yet, a near-tie: nothing learned)."""
+        if produced is not None:
+            for policy, guesses in self._shadows:
+                policy.shadow(produced in guesses)
+        self._shadows.clear()
 
     def tokens(self, decoder: Decoder, history: list[int], logits: np.ndarray, params: SamplingParams,
                max_tokens: int) -> Iterator[int]:
@@ -209,6 +237,7 @@ class Speculator:
                 else:
                     verdict = accept_sampled(draft, rows, params, sampler.rng)
                 path = verdict.path if verdict.next_token is not None else verdict.path[:-1]
+                self._score_shadows(after_root(tokens, draft, verdict, params.greedy))
                 self._observe(tokens, rows, path)
                 if path:  # empty: a near-tie at the root itself, re-decided by the 1-token step that follows
                     self._follow(decoder, path[-1])
