@@ -206,15 +206,20 @@ def test_a_switched_off_draft_model_does_not_read_the_prompt(packages):
 
 
 class CountingRecycling(TokenRecycling):
+    """Keeps the wide tree whatever the cost curve: a learner that needs the top k of each row."""
+
     proposed = observed = 0
+
+    def fit(self, cost):
+        pass
 
     def propose(self, context, depth):
         self.proposed += 1
         return super().propose(context, depth)
 
-    def observe(self, tokens, logits):
+    def observe(self, tokens, logits, produced=None):
         self.observed += 1
-        super().observe(tokens, logits)
+        super().observe(tokens, logits, produced)
 
 
 def test_a_switched_off_learner_costs_little_between_probes(packages):
@@ -234,6 +239,26 @@ def test_a_switched_off_learner_costs_little_between_probes(packages):
     calls = engine.stats.speculative.target_calls
     assert recycling.proposed == 0 and calls >= 36
     assert calls // QUIET_EVERY - 1 <= recycling.observed <= calls // QUIET_EVERY + 1
+
+
+def test_a_chain_learner_records_the_greedy_successors_on_every_step_even_when_off(packages):
+    """Under greedy decoding a chain needs only each token's first successor, the token just produced: recorded on
+    every step (no top-k, no throttle), and the table then holds plain greedy's continuation."""
+    fp32, _ = packages
+    prompt = PROMPTS[3]
+    answer = plain_greedy(fp32, prompt, 30)
+    engine = Engine(fp32, context_length=96, threads=1)
+    recycling = CountingRecycling(VOCAB)
+    recycling.widths = (1,) * 8
+    engine.speculator = Speculator([recycling])
+    engine.speculator._policy(recycling, engine.decoder).enabled = False  # never drafts: every step a plain one
+    engine.generate(prompt, max_tokens=30)
+    calls = engine.stats.speculative.target_calls
+    assert recycling.observed == calls >= 29
+    pairs = {(a, b) for a, b in zip(answer, answer[1:])}
+    firsts = {(a, int(recycling.successors[a, 0])) for a, _ in pairs}
+    later = {a: b for a, b in zip(answer, answer[1:])}  # the last occurrence of each token wins
+    assert firsts == {(a, later[a]) for a, _ in pairs}
 
 
 def test_drafters_are_fitted_to_the_cost_curve_once_it_is_known(packages):

@@ -63,3 +63,15 @@ def test_fit_makes_a_chain_where_verify_rows_cost_and_keeps_the_tree_where_they_
     cpu.observe([0, 1, 2], np.stack([logits_preferring(50, o) for o in ([1, 5], [2, 6], [3, 7])]))
     draft = cpu.propose([9, 0], 3)
     assert draft.tokens == [1, 2, 3] and draft.is_chain
+
+
+def test_a_chain_records_the_produced_successor_and_a_tree_the_top_k():
+    chain, tree = TokenRecycling(20, top_k=3, widths=(1, 1)), TokenRecycling(20, top_k=3, widths=(2, 1))
+    rows = np.stack([logits_preferring(20, [7, 1, 9])] * 2)
+    assert chain.observes_cheaply() and not tree.observes_cheaply()
+    chain.observe([4, 5], rows, produced=[11, 12])  # greedy's tokens after 4 and 5; the logits are not read
+    tree.observe([4, 5], rows, produced=[11, 12])
+    assert chain.successors[[4, 5], 0].tolist() == [11, 12]
+    assert tree.successors[4].tolist() == [7, 1, 9] and tree.successors[5].tolist() == [7, 1, 9]
+    chain.observe([6], rows[:1])  # sampling: no produced tokens, the top k
+    assert chain.successors[6].tolist() == [7, 1, 9]

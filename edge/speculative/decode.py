@@ -150,22 +150,31 @@ class Speculator:
                 policy.declined()
         return None, Draft(), None, time.perf_counter() - start
 
-    def _observe(self, tokens: list[int], rows: np.ndarray, path: list[int]) -> None:
+    def _observe(self, tokens: list[int], rows: np.ndarray, path: list[int], produced: list[int] | None) -> None:
         """Show the drafters that learn from the target (token recycling) the accepted path's rows.
 
         What this costs matters as much as the step: after a step has streamed the weights through the caches,
         every numpy call on a 49k-logit row takes tens of microseconds, and the top-k of one row ~0.2 ms (3% of an
         int4 step; measured in the loop, 4x a warm micro-benchmark). So only the accepted path's rows, a chain's
         as a view (a copy allocates afresh each step), and a learner switched off for losing sees every
-        `QUIET_EVERY`-th step only: enough to keep its table fresh for its shadow guesses.
+        `QUIET_EVERY`-th step only: enough to keep its table fresh for its shadow guesses. One that needs only the
+        tokens greedy decoding produced (`produced`, one per path node; None when sampling) sees every step.
         """
         self.steps += 1
-        learners = [d for d in self.drafters if d.learns and (self.steps % QUIET_EVERY == 0 or not self._waiting(d))]
-        if not learners:
+        learners = [d for d in self.drafters if self._sees(d, produced is not None)]
+        if not learners or not path:  # no path: a near-tie at the root, nothing decided to learn from
             return
         seen = rows[:len(path)] if path[-1] == len(path) - 1 else rows[path]
         for d in learners:
-            d.observe([tokens[i] for i in path], seen)
+            d.observe([tokens[i] for i in path], seen, produced)
+
+    def _sees(self, drafter: Drafter, greedy: bool) -> bool:
+        """Whether a learner observes this step (see _observe)."""
+        if not drafter.learns:
+            return False
+        if greedy and drafter.observes_cheaply():
+            return True
+        return self.steps % QUIET_EVERY == 0 or not self._waiting(drafter)
 
     def _follow(self, decoder: Decoder, row: int) -> None:
         """Hand a draft head the hidden row behind the next root's logits (the verify row it was chosen from)."""
@@ -238,7 +247,8 @@ class Speculator:
                     verdict = accept_sampled(draft, rows, params, sampler.rng)
                 path = verdict.path if verdict.next_token is not None else verdict.path[:-1]
                 self._score_shadows(after_root(tokens, draft, verdict, params.greedy))
-                self._observe(tokens, rows, path)
+                produced = [tokens[j] for j in verdict.path[1:]] + [verdict.next_token]
+                self._observe(tokens, rows, path, produced[:len(path)] if params.greedy else None)
                 if path:  # empty: a near-tie at the root itself, re-decided by the 1-token step that follows
                     self._follow(decoder, path[-1])
                 decoder.cache.keep(past, path)

@@ -102,8 +102,14 @@ class Drafter:
         """Called once the target's cost curve is known (edge.speculative.adaptive.CostCurve: seconds of a verify
         call by its number of tokens), before any draft is sized: a tree drafter shapes its tree for it."""
 
-    def observe(self, tokens: list[int], logits: np.ndarray) -> None:
-        """See the target's logits for `tokens` (one row each) after a verify call. Most drafters ignore it."""
+    def observe(self, tokens: list[int], logits: np.ndarray, produced: list[int] | None = None) -> None:
+        """See the target's logits for `tokens` (one row each) after a verify call, and under greedy decoding the
+        token it produced after each (`produced`, the argmax of each row; None: not given). Most drafters ignore it."""
+
+    def observes_cheaply(self) -> bool:
+        """Whether observe() needs only `produced`, not the logits (then it costs microseconds and is not throttled
+        while the drafter is off)."""
+        return False
 
     def follow(self, hidden: np.ndarray | None) -> None:
         """See the target's final hidden row behind the logits the next root comes from (None: none known)."""

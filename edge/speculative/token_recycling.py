@@ -41,10 +41,19 @@ class TokenRecycling(Drafter):
         self.widths, self.max_nodes = tuple(widths), max_nodes
         self.successors = np.full((vocab_size, top_k), -1, dtype=np.int32)
 
-    def observe(self, tokens: list[int], logits: np.ndarray) -> None:
+    def observe(self, tokens: list[int], logits: np.ndarray, produced: list[int] | None = None) -> None:
+        """A chain reads only each token's first successor, which greedy decoding has just produced: recording it
+        costs microseconds, where the top k of one 49k-logit row cost ~0.27 ms after a step (5% of an int4 step, per
+        accepted row). A tree, or sampling, takes the top k of each row."""
         if not len(tokens):
             return
+        if produced is not None and self.observes_cheaply():
+            self.successors[np.asarray(tokens), 0] = produced
+            return
         self.successors[np.asarray(tokens)] = np.stack([top_k(row, self.successors.shape[1]) for row in logits])
+
+    def observes_cheaply(self) -> bool:
+        return max(self.widths) == 1
 
     def fit(self, cost: CostCurve) -> None:
         """A chain where an extra verify row costs more than a runner-up adds (see RUNNER_UP_GAIN), else the tree
