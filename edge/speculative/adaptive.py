@@ -348,7 +348,7 @@ class AdaptiveDepth:
             return
         self.level_trials[0] = self.level_trials[0] * self.decay + 1
         self.level_successes[0] = self.level_successes[0] * self.decay + passed
-        if self.best()[1] >= self.min_gain:
+        if passed and self.best()[1] >= self.min_gain:  # a miss lowers every depth's gain: no need to look
             self.off = False
 
     def declined(self) -> None:
