@@ -8,7 +8,8 @@ The tree's shape suits the device (fit): where verifying more rows is nearly fre
 row costs (2-core CPU, int4: a 5-row verify 1.46x a 1-row one), a chain of first choices. Replayed along the
 default model's greedy answers to the benchmark's prompts (benchmarks/RESULTS.md, session 21), the table's first
 choice was the next token 31-50% of the time where recycling can pay (code, summarise, repeat), its 2nd-4th choices
-only 6-13% more together: three more rows per level cost far more than that on the CPU.
+only 10-13% more together: three more rows per level cost far more than that on the CPU. A chain reads only first
+choices, which under greedy decoding are the tokens the target has just produced: it learns those (observe).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 DEFAULT_WIDTHS = (4, 2, 2, 1, 1, 1, 1, 1)
 CHAIN_WIDTHS = (1,) * 8
 # What a runner-up adds to a level's chance that the target's token is among the drafts, as a share of a step
-# (measured: 2nd-4th choices 0.02-0.04 each); a row that costs more than this to verify is not worth adding.
+# (measured: 2nd-4th choices 0.03-0.04 each); a row that costs more than this to verify is not worth adding.
 RUNNER_UP_GAIN = 0.03
 
 
