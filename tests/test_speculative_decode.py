@@ -326,12 +326,17 @@ def test_a_switched_off_cheap_drafter_is_scored_without_probes_and_comes_back_wh
 
 
 def test_the_root_is_sure_when_the_target_gives_it_at_least_SURE():
-    scratch = np.empty(5, np.float32)
     peaked = np.log(np.array([SURE + 0.01, 0.1, 0.05, 0.03, 0.0099], np.float32))
     flat = np.log(np.array([SURE - 0.01, 0.1, 0.05, 0.03, 0.0299], np.float32))
-    assert root_is_sure(peaked + 7.0, scratch)  # logits: any shift
-    assert not root_is_sure(flat - 3.0, scratch)
-    assert not root_is_sure(None, scratch)  # a root decided without its row (after a near-tie)
+    assert root_is_sure(peaked + 7.0)  # logits: any shift
+    assert not root_is_sure(flat - 3.0)
+    assert not root_is_sure(None)  # a root decided without its row (after a near-tie)
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # a vocabulary's worth of logits: the sum left out never flips the answer here
+        row = (rng.standard_normal(49152) * rng.uniform(0.5, 4)).astype(np.float32)
+        row[rng.integers(row.size)] += rng.uniform(0, 25)
+        full = np.exp(row.astype(np.float64) - row.max()).sum() <= 1.0 / SURE
+        assert root_is_sure(row) == full
 
 
 def test_short_lookup_matches_are_judged_by_how_sure_the_target_was_of_the_root(packages):
