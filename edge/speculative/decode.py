@@ -197,11 +197,10 @@ class Speculator:
 
     def _score_shadows(self, produced: int | None) -> None:
         """Tell the switched-off drafters of this step whether their guess was the token the target produced after
-        the root (None: not decided yet, a near-tie: nothing learned)."""
+        the root (None: not decided yet, a near-tie: nothing learned). _draft clears the list for the next step."""
         if produced is not None:
             for policy, guesses in self._shadows:
                 policy.shadow(produced in guesses)
-        self._shadows.clear()
 
     def tokens(self, decoder: Decoder, history: list[int], logits: np.ndarray, params: SamplingParams,
                max_tokens: int) -> Iterator[int]:
