@@ -331,12 +331,14 @@ def test_the_root_is_sure_when_the_target_gives_it_at_least_SURE():
     assert root_is_sure(peaked + 7.0)  # logits: any shift
     assert not root_is_sure(flat - 3.0)
     assert not root_is_sure(None)  # a root decided without its row (after a near-tie)
-    rng = np.random.default_rng(0)
-    for _ in range(200):  # a vocabulary's worth of logits: the sum left out never flips the answer here
+    rng, scratch = np.random.default_rng(0), np.empty(49152, np.float32)
+    for _ in range(200):  # a vocabulary's worth of float32 logits, against the float64 softmax
         row = (rng.standard_normal(49152) * rng.uniform(0.5, 4)).astype(np.float32)
         row[rng.integers(row.size)] += rng.uniform(0, 25)
+        kept = row.copy()
         full = np.exp(row.astype(np.float64) - row.max()).sum() <= 1.0 / SURE
-        assert root_is_sure(row) == full
+        assert root_is_sure(row, scratch) == full
+        assert np.array_equal(row, kept)  # the scratch, not the logits, holds the work
 
 
 def test_short_lookup_matches_are_judged_by_how_sure_the_target_was_of_the_root(packages):

@@ -49,7 +49,9 @@ class TokenRecycling(Drafter):
         if not len(tokens):
             return
         if produced is not None and self.observes_cheaply():
-            self.successors[np.asarray(tokens), 0] = produced
+            table = memoryview(self.successors)  # item access without numpy's indexing machinery (see propose)
+            for token, successor in zip(tokens, produced):
+                table[token, 0] = successor
             return
         self.successors[np.asarray(tokens)] = np.stack([top_k(row, self.successors.shape[1]) for row in logits])
 
@@ -71,19 +73,24 @@ class TokenRecycling(Drafter):
         return min(total, self.max_nodes)
 
     def propose(self, context: list[int], depth: int) -> Draft:
+        """Breadth-first through the table. It reads the table through a memoryview: after a target step has left
+        the caches cold, each numpy indexing call cost tens of microseconds (measured in the loop: a chain's propose
+        31 us, its observe 61 us, per step, ~1.7% of an int4 step while the drafter is off and only guessing)."""
         tokens: list[int] = []
         parents: list[int] = []
         frontier = [(ROOT, context[-1])]
         budget = self.size(depth)
+        table = memoryview(self.successors)
         for d in range(min(depth, len(self.widths))):
             next_frontier = []
             for parent, token in frontier:
-                for succ in self.successors[token, : self.widths[d]]:
+                for j in range(self.widths[d]):
+                    succ = table[token, j]
                     if succ < 0 or len(tokens) >= budget:
                         break
-                    tokens.append(int(succ))
+                    tokens.append(succ)
                     parents.append(parent)
-                    next_frontier.append((len(tokens) - 1, int(succ)))
+                    next_frontier.append((len(tokens) - 1, succ))
             frontier = next_frontier
             if not frontier:
                 break
