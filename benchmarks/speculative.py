@@ -4,11 +4,13 @@
                                      [--categories ...] [--variants plain layer-skip ...]
 
 For each target package (fp32, int4) and prompt category (open chat, code, rewrite, summarise/extract, repeat with a
-change in a second turn), plain greedy decoding and each drafter run interleaved prompt by prompt, so a noisy
-neighbour on this shared machine hits them alike; the table reports speed *ratios* to plain decoding (geometric mean
-over the category's prompts) and acceptance. Every speculative output is compared with plain greedy output; where
-they differ, the table gives the first differing position and the target's top-2 logit gap there (a near-tie that
-the multi-token verify step's different float rounding flips). Writes benchmarks/results/speculative.md.
+change in a second turn), each drafter's run sits between two runs of plain greedy decoding of the same prompt, so
+the machine's drifting pace hits them alike (paired_runs); the table reports speed *ratios* to plain decoding (per
+prompt the median over reps of the run's ratio to its two neighbours, then the geometric mean over the category's
+prompts) and acceptance, with a control: plain decoding timed the same way as a drafter. Every speculative output
+is compared with plain greedy output; where they differ, the table gives the first differing position and the
+target's top-2 logit gap there (a near-tie that the multi-token verify step's different float rounding flips).
+Writes benchmarks/results/speculative.md.
 
 The layer-skip variants run the target's skip-layer self-draft (export/self_draft.py). The benchmark adds one to a
 hard-linked copy of each default package (~/.cache/edge/models/...-skip) the first time, choosing its layers by
@@ -224,6 +226,9 @@ def modelled_ratio(spec, curve) -> float:
     return spec.tokens_per_call * curve(1) / curve(mean_rows)
 
 
+CONTROL = "plain (control)"
+
+
 def learned(speculators: dict) -> dict:
     """What the learning drafters (token recycling's successor table) know, to put back before each rep of a prompt:
     otherwise rep 2 on drafts from rep 1's copy of the very same answer. Measured before this (session 15):
@@ -237,6 +242,36 @@ def restore(speculators: dict, state: dict) -> None:
         for drafter, saved in zip(spec.drafters, state[name]):
             if saved is not None:
                 vars(drafter).update(copy.deepcopy(saved))
+
+
+def paired_runs(engine, speculators: dict, messages, args) -> tuple[dict[str, list], dict[str, list[float]]]:
+    """Every variant's run between two plain runs: its ratio is its tok/s over their geometric mean, one per rep.
+
+    The machine's pace drifts over seconds (80 plain runs of one prompt back to back: 7.6% spread, consecutive runs
+    correlated 0.59), so a run is compared with the plain runs next to it, not with plain's median over the whole
+    rotation: two consecutive runs differ by 6.9% where two at random differ by 10.5%. CONTROL, plain decoding
+    timed as if it were a drafter, shows how far from 1 the noise alone moves a ratio."""
+    runs_of = {name: [] for name in ["plain", *speculators, CONTROL]}
+    ratios = {name: [] for name in [*speculators, CONTROL]}
+    before = learned(speculators)
+    tps = lambda run: run["n"] / run["seconds"]  # noqa: E731
+    for rep in range(args.reps):
+        restore(speculators, before)  # each rep sees the prompt for the first time, as a user would
+        names = [*speculators, CONTROL]
+        names = names[rep % len(names):] + names[: rep % len(names)]
+        engine.speculator = None
+        last = run_once(engine, messages, args.tokens)
+        runs_of["plain"].append(last)
+        for name in names:
+            engine.speculator = speculators.get(name)
+            run = run_once(engine, messages, args.tokens)
+            engine.speculator = None
+            after = run_once(engine, messages, args.tokens)
+            runs_of[name].append(run)
+            runs_of["plain"].append(after)
+            ratios[name].append(tps(run) / math.sqrt(tps(last) * tps(after)))
+            last = after
+    return runs_of, ratios
 
 
 def bench_target(target, packages, args, rows, ties):
@@ -271,25 +306,15 @@ def bench_target(target, packages, args, rows, ties):
                 SHORT.append((target, category, index, answer))
                 print(f"{target} {category} prompt {index}: a {answer}-token answer, not timed", file=sys.stderr)
                 continue
-            results = {name: [] for name in ["plain", *speculators]}
-            before = learned(speculators)
-            for rep in range(args.reps):
-                restore(speculators, before)  # each rep sees the prompt for the first time, as a user would
-                order = ["plain", *speculators]
-                order = order[rep % len(order):] + order[: rep % len(order)]
-                for name in order:
-                    engine.speculator = speculators.get(name)
-                    results[name].append(run_once(engine, messages, args.tokens))
-            engine.speculator = None
-            plain = results["plain"][0]
+            runs_of, ratios = paired_runs(engine, speculators, messages, args)
+            plain = runs_of["plain"][0]
             CEILINGS.setdefault((target, category), []).append(lookup_ceiling(plain["ids"], plain["n"], curve))
-            plain_tps = statistics.median(r["n"] / r["seconds"] for r in results["plain"])
-            for name, runs in results.items():
+            for name, runs in runs_of.items():
                 tps = statistics.median(r["n"] / r["seconds"] for r in runs)
                 same = runs[0]["ids"] == plain["ids"] and runs[0]["text"] == plain["text"]
                 spec = runs[0]["spec"]
                 rows.append({"target": target, "category": category, "variant": name, "tps": tps,
-                             "ratio": tps / plain_tps, "same": same,
+                             "ratio": statistics.median(ratios[name]) if name in ratios else 1.0, "same": same,
                              "accept": spec.acceptance_rate if spec else None,
                              "per_call": spec.tokens_per_call if spec else 1.0,
                              "modelled": modelled_ratio(spec, curve),
@@ -299,13 +324,14 @@ def bench_target(target, packages, args, rows, ties):
                     prompt_len = len(plain["ids"]) - plain["n"] + 1
                     gap = near_tie(engine, plain["ids"][:prompt_len], plain["ids"], max(pos, prompt_len))
                     ties.append((target, category, name, pos - prompt_len, gap))
-                print(f"{target} {category:20s} {name:24s} {tps:6.1f} tok/s x{tps / plain_tps:.2f} "
+                print(f"{target} {category:20s} {name:24s} {tps:6.1f} tok/s x{rows[-1]['ratio']:.2f} "
                       f"same={same} {spec.summary() if spec else ''}", file=sys.stderr)
 
 
 def table(rows, ties, args) -> str:
     lines = [f"# Speculative decoding (SmolLM2-135M-Instruct, {args.threads} threads, greedy, {args.tokens} new "
-             f"tokens, {args.reps} interleaved rep(s); the machine was shared, so compare ratios, not tok/s)", "",
+             f"tokens, {args.reps} rep(s), each drafter's run between two plain runs; the machine was shared, so "
+             "compare ratios, not tok/s)", "",
              "Cost of a verify call over S tokens relative to S=1, measured on the loaded package (the adaptive "
              "policy's input):", ""]
     for target, curve in CURVES.items():
@@ -325,8 +351,10 @@ def table(rows, ties, args) -> str:
             lines.append(f"  - memory: peak RSS {mib['plain']['peak']:.0f} MiB plain, {mib['skip']['peak']:.0f} MiB "
                          f"with the self-draft (anonymous {mib['plain']['anon']:.0f} -> {mib['skip']['anon']:.0f} MiB, "
                          f"file-backed {mib['plain']['file']:.0f} -> {mib['skip']['file']:.0f} MiB)")
-    lines += ["", "x plain: measured tok/s ratio (geometric mean over the category's prompts). x model: the ratio "
-              "the cost curve predicts from the run's tokens per target call and verify sizes, without the noise.",
+    lines += ["", "x plain: measured tok/s ratio to the plain runs on either side (median over reps, geometric mean "
+              f"over the category's prompts); {CONTROL!r} is plain decoding measured the same way, the noise alone. "
+              "x model: the ratio the cost curve predicts from the run's tokens per target call and verify sizes, "
+              "without the noise.",
               "", "| target | category | variant | tok/s | x plain | x model | acceptance | tokens/target call | "
               "identical |", "|---|---|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list] = {}

@@ -253,6 +253,17 @@ def test_a_shadowed_policy_never_probes_and_its_shadow_guesses_switch_it_back_on
     assert plain.off and plain.rates()[0] == pytest.approx(1 / 3) and level_two > 0
 
 
+def test_a_shadowed_policy_starts_off_and_drafts_once_a_guess_has_passed():
+    """Its first guesses are scored for free: no verify rows are paid to learn what a kind of draft is worth."""
+    policy = AdaptiveDepth(FLAT, chain, shadowed=True)  # on the flat curve the prior (1 in 3) would draft at once
+    assert AdaptiveDepth(FLAT, chain).depth() > 0
+    assert policy.off and policy.depth() == 0
+    policy.shadow(False)
+    assert policy.depth() == 0
+    policy.shadow(True)
+    assert not policy.off and policy.depth() > 0
+
+
 def test_catch_up_counts_while_drafting_but_a_probe_only_spaces_the_next_probe():
     """A draft model reads the tokens prompt lookup supplied before each draft: a cost of keeping it on. A probe
     reads everything since drafting stopped: a one-off, which sets how long until the next probe instead."""

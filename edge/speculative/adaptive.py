@@ -254,6 +254,9 @@ class AdaptiveDepth:
     def __post_init__(self) -> None:
         self.level_successes = [float(self.successes)] + [0.0] * (self.max_depth - 1)
         self.level_trials = [float(self.trials)] + [0.0] * (self.max_depth - 1)
+        # A shadowed policy starts off: its first guesses are scored for free, so it drafts once one has passed
+        # rather than paying verify rows to learn what a kind of draft is worth.
+        self.off = self.shadowed
 
     def rates(self) -> np.ndarray:
         """Acceptance rate of each level 1..max_depth given the levels before it."""

@@ -20,6 +20,7 @@ from edge.speculative.stats import SpeculativeStats
 from edge.speculative.verify import Verdict, accept_greedy, accept_sampled, tree_inputs
 
 QUIET_EVERY = 4  # a switched-off learner observes one verify call in this many
+DORMANT_EVERY = 2  # a cheap drafter with every kind of draft switched off guesses on one step in this many
 SURE = 0.8  # the target's probability of the root at and above which the root counts as sure (root_is_sure)
 KNOWN_WEIGHT = 8.0  # pseudo-trials behind a drafter's known first-guess acceptance (~8 verify calls' evidence)
 
@@ -64,6 +65,7 @@ class Speculator:
         # None: from the package's measured multi-token vs 1-token logit deviation (see CostCurve.margin).
         self.margin = margin
         self.policies: dict[str, AdaptiveDepth | FixedDepth] = {}
+        self._kinds: dict[str, list[AdaptiveDepth | FixedDepth]] = {}  # drafter name -> its policies, one a kind
         self.plain = Pace()  # plain 1-token steps against the cost curve, shared by the adaptive policies
         self.curve: CostCurve | None = None
         self.stats = SpeculativeStats()
@@ -89,6 +91,7 @@ class Speculator:
                 self.policies[key] = AdaptiveDepth(self._curve(decoder), drafter.size, self.max_depth,
                                                    enabled=measured is None or measured >= 1, plain=self.plain,
                                                    shadowed=drafter.cheap, **prior)
+            self._kinds.setdefault(drafter.name, []).append(self.policies[key])
         return self.policies[key]
 
     def prepare(self, decoder: Decoder) -> None:
@@ -131,6 +134,8 @@ class Speculator:
             # which is scored against the target's next token instead of drafted (AdaptiveDepth.shadow).
             draft = None
             if drafter.cheap and not self._disabled(drafter):
+                if self.steps % DORMANT_EVERY and self._dormant(drafter):
+                    continue
                 draft = drafter.propose(context, 1 if self._waiting(drafter) else min(self.max_depth, depth_cap))
                 if not len(draft):
                     continue  # no guess this step: nothing to judge
@@ -193,6 +198,14 @@ class Speculator:
         """Switched off by its adaptive policy until a probe or its shadow guesses switch it back on."""
         policy = self.policies.get(drafter.name)
         return isinstance(policy, AdaptiveDepth) and (policy.off or not policy.enabled)
+
+    def _dormant(self, drafter: Drafter) -> bool:
+        """Every kind of draft it has made is switched off, waiting for a shadow guess to pass. It is then asked on
+        one step in DORMANT_EVERY only: its guess, the root's confidence and the policies' bookkeeping cost a
+        switched-off prompt lookup ~0.1 ms a step after the target's step has left the caches cold (~2% of an
+        int4 step), and evidence on every other step still turns it back on within two tokens of a passing guess."""
+        kinds = self._kinds.get(drafter.name)
+        return bool(kinds) and all(isinstance(p, AdaptiveDepth) and p.shadowed and p.off for p in kinds)
 
     def _disabled(self, drafter: Drafter) -> bool:
         """Measured to lose at every depth: never drafts, never probes, not even asked for a shadow guess."""
