@@ -6,7 +6,8 @@ package and thread count and cached. With a_i the rate at which level i is accep
 a draft of depth d yields 1 + a_1 + a_1 a_2 + ... + a_1...a_d tokens per call; the controller picks the d with most
 tokens per second, and turns drafting off when even the best d is slower than plain decoding, probing again with
 one level after `probe_every` plain steps, then at longer intervals while probes lose. A cheap drafter (prompt
-lookup, token recycling) needs no probes: the guess it would have drafted is scored against the target's token.
+lookup, token recycling) needs no probes: the guess it would have drafted is scored against the target's token, and
+it starts off, drafting once a guess has passed.
 
 The curve is measured alone; real calls run beside other work. Each policy therefore scales the curve by the pace
 its verify calls are observed to run at, and compares with the pace of plain 1-token steps observed in the same

@@ -74,8 +74,8 @@ class TokenRecycling(Drafter):
 
     def propose(self, context: list[int], depth: int) -> Draft:
         """Breadth-first through the table. It reads the table through a memoryview: after a target step has left
-        the caches cold, each numpy indexing call cost tens of microseconds (measured in the loop: a chain's propose
-        31 us, its observe 61 us, per step, ~1.7% of an int4 step while the drafter is off and only guessing)."""
+        the caches cold, each numpy indexing call costs tens of microseconds (measured in the loop, a chain switched
+        off on open chat: propose 16 -> 12 us a step, observe 44 -> 9 us)."""
         tokens: list[int] = []
         parents: list[int] = []
         frontier = [(ROOT, context[-1])]
