@@ -244,6 +244,10 @@ def restore(speculators: dict, state: dict) -> None:
                 vars(drafter).update(copy.deepcopy(saved))
 
 
+def tokens_per_second(run: dict) -> float:
+    return run["n"] / run["seconds"]
+
+
 def paired_runs(engine, speculators: dict, messages, args) -> tuple[dict[str, list], dict[str, list[float]]]:
     """Every variant's run between two plain runs: its ratio is its tok/s over their geometric mean, one per rep.
 
@@ -254,7 +258,6 @@ def paired_runs(engine, speculators: dict, messages, args) -> tuple[dict[str, li
     runs_of = {name: [] for name in ["plain", *speculators, CONTROL]}
     ratios = {name: [] for name in [*speculators, CONTROL]}
     before = learned(speculators)
-    tps = lambda run: run["n"] / run["seconds"]  # noqa: E731
     for rep in range(args.reps):
         restore(speculators, before)  # each rep sees the prompt for the first time, as a user would
         names = [*speculators, CONTROL]
@@ -269,7 +272,7 @@ def paired_runs(engine, speculators: dict, messages, args) -> tuple[dict[str, li
             after = run_once(engine, messages, args.tokens)
             runs_of[name].append(run)
             runs_of["plain"].append(after)
-            ratios[name].append(tps(run) / math.sqrt(tps(last) * tps(after)))
+            ratios[name].append(tokens_per_second(run) / math.sqrt(tokens_per_second(last) * tokens_per_second(after)))
             last = after
     return runs_of, ratios
 
@@ -310,7 +313,7 @@ def bench_target(target, packages, args, rows, ties):
             plain = runs_of["plain"][0]
             CEILINGS.setdefault((target, category), []).append(lookup_ceiling(plain["ids"], plain["n"], curve))
             for name, runs in runs_of.items():
-                tps = statistics.median(r["n"] / r["seconds"] for r in runs)
+                tps = statistics.median(tokens_per_second(r) for r in runs)
                 same = runs[0]["ids"] == plain["ids"] and runs[0]["text"] == plain["text"]
                 spec = runs[0]["spec"]
                 rows.append({"target": target, "category": category, "variant": name, "tps": tps,

@@ -321,7 +321,9 @@ def test_a_switched_off_cheap_drafter_is_scored_without_probes_and_comes_back_wh
     engine.reset()
     text = engine.generate(prompt, max_tokens=40)
     stats = engine.stats.speculative
-    assert stats.drafted > 0 and stats.accepted > 0 and not policy.off
+    # Back on, every drafted guess passes. (Whether it stays on to the end depends on the tiny model's step timings,
+    # ~0.1 ms, which the policy's pace estimates follow: a clean CI run once switched it off again after 3 drafts.)
+    assert stats.drafted > 0 and stats.accepted == stats.drafted
     assert engine.tokenizer.encode(text, add_special_tokens=False) == answer[:40]
 
 
