@@ -308,7 +308,7 @@ def test_a_switched_off_cheap_drafter_is_scored_without_probes_and_comes_back_wh
     engine = Engine(fp32, context_length=96, threads=1)
     guesser = Guesser(answer, len(prompt))
     engine.speculator = Speculator([guesser])
-    text = engine.generate(prompt, max_tokens=30)  # wrong guesses: it starts off and stays off
+    engine.generate(prompt, max_tokens=30)  # wrong guesses: it starts off and stays off
     policy = engine.speculator.policies["guesser"]
     assert policy.off and policy.shadowed and engine.stats.speculative.drafted == 0
     engine.reset()
