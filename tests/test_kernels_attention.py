@@ -25,6 +25,9 @@ MASKED = np.float32(-1e9)
 
 H, KV, D, L = 6, 2, 32, 96  # three query heads per kv head, as in SmolLM2 (9/3)
 DEVICE = os.environ.get("EDGE_TEST_DEVICE", "cpu")
+# SmolLM2's heads with a past of 200: the CPU kernel's tasks then hold several rows that share 64-key blocks of the
+# cache (attention.h, kMaxTaskRows), windows cut those blocks at a different key for each row.
+LONG = {"heads": (9, 3, 64), "capacity": 320}
 
 
 class Attention:
@@ -32,7 +35,7 @@ class Attention:
     as the runtime binds its KV cache (in place), unless in_place=False."""
 
     def __init__(self, packed: bool = True, bias: bool = True, stock: bool = False, threads: int = 2,
-                 in_place: bool = True, window: int = 0, heads: tuple[int, int, int] = (H, KV, D)):
+                 in_place: bool = True, window: int = 0, heads: tuple[int, int, int] = (H, KV, D), capacity: int = L):
         ensure_library()
         self.H, self.KV, self.D = heads
         self.scale = self.D ** -0.5
@@ -49,9 +52,9 @@ class Attention:
         self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
         self.packed, self.bias, self.in_place = packed, bias, in_place
         rng = np.random.default_rng(1)
-        angles = np.outer(np.arange(256), 1.0 / 10000 ** (np.arange(0, self.D, 2) / self.D))
+        angles = np.outer(np.arange(max(256, capacity)), 1.0 / 10000 ** (np.arange(0, self.D, 2) / self.D))
         self.cos, self.sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-        self.cache = [rng.standard_normal((1, self.KV, L, self.D)).astype(np.float32) for _ in range(2)]
+        self.cache = [rng.standard_normal((1, self.KV, capacity, self.D)).astype(np.float32) for _ in range(2)]
 
     def __call__(self, q, k, v, past: int, positions, bias=None) -> np.ndarray:
         s = q.shape[0]
@@ -123,11 +126,12 @@ def rows(rng, s, heads: tuple[int, int, int] = (H, KV, D)):
 
 
 @pytest.mark.parametrize("packed,window", [(True, 0), (False, 0), (True, 11)])
-@pytest.mark.parametrize("past,s", [(0, 1), (0, 9), (37, 1), (37, 7), (60, 33)])
-def test_matches_float64_reference_and_writes_the_cache_in_place(packed, window, past, s):
-    att = Attention(packed=packed, window=window)
+@pytest.mark.parametrize("past,s,layout", [(0, 1, {}), (0, 9, {}), (37, 1, {}), (37, 7, {}), (60, 33, {}),
+                                           (200, 1, LONG), (200, 9, LONG)])
+def test_matches_float64_reference_and_writes_the_cache_in_place(packed, window, past, s, layout):
+    att = Attention(packed=packed, window=window, **layout)
     rng = np.random.default_rng(past * 100 + s)
-    q, k, v = rows(rng, s)
+    q, k, v = rows(rng, s, (att.H, att.KV, att.D))
     before = [a.copy() for a in att.cache]
     positions = np.arange(past, past + s)
     out = att(q, k, v, past, positions)
@@ -135,7 +139,8 @@ def test_matches_float64_reference_and_writes_the_cache_in_place(packed, window,
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-6)
     np.testing.assert_allclose(att.cache[0][0, :, :past + s], keys, rtol=0, atol=1e-6)
-    np.testing.assert_array_equal(att.cache[1][0, :, past:past + s], v.reshape(s, KV, D).transpose(1, 0, 2))
+    np.testing.assert_array_equal(att.cache[1][0, :, past:past + s],
+                                  v.reshape(s, att.KV, att.D).transpose(1, 0, 2))
     np.testing.assert_array_equal(att.cache[0][:, :, past + s:], before[0][:, :, past + s:])  # nothing else touched
 
 
@@ -166,16 +171,17 @@ def test_close_to_group_query_attention(window):
     np.testing.assert_array_equal(caches[0][1], caches[1][1])
 
 
-@pytest.mark.parametrize("window", [0, 8])
-def test_each_row_of_a_chain_equals_the_row_decoded_alone(window):
+@pytest.mark.parametrize("window", [0, 8, 101])
+@pytest.mark.parametrize("past,s,layout", [(50, 9, {}), (200, 9, LONG), (200, 16, LONG), (190, 30, LONG)])
+def test_each_row_of_a_chain_equals_the_row_decoded_alone(window, past, s, layout):
     """Bitwise: a verify call over S tokens computes what S one-token steps compute."""
     rng = np.random.default_rng(7)
-    q, k, v = rows(rng, 9)
-    together = Attention(window=window)
-    alone = Attention(window=window)
-    out = together(q, k, v, 50, np.arange(50, 59))
-    for i in range(9):
-        row = alone(q[i:i + 1], k[i:i + 1], v[i:i + 1], 50 + i, [50 + i])
+    q, k, v = rows(rng, s, layout.get("heads", (H, KV, D)))
+    together = Attention(window=window, **layout)
+    alone = Attention(window=window, **layout)
+    out = together(q, k, v, past, np.arange(past, past + s))
+    for i in range(s):
+        row = alone(q[i:i + 1], k[i:i + 1], v[i:i + 1], past + i, [past + i])
         np.testing.assert_array_equal(out[i], row[0], err_msg=f"row {i}")
     np.testing.assert_array_equal(together.cache[0], alone.cache[0])
     np.testing.assert_array_equal(together.cache[1], alone.cache[1])
@@ -199,7 +205,8 @@ def test_head_layouts_match_the_reference_and_rows_their_one_token_steps(heads):
 
 
 @pytest.mark.parametrize("window", [0, 20])
-def test_a_tree_row_equals_its_path_decoded_alone_after_compaction(window):
+@pytest.mark.parametrize("past,layout", [(44, {}), (61, LONG)])  # 61: the tree's positions cross a 64-key block
+def test_a_tree_row_equals_its_path_decoded_alone_after_compaction(window, past, layout):
     """Nodes of a draft tree attend to the past and their ancestors (the bias masks the rest, by index order); the
     accepted path, decoded one token at a time into a compacted cache, must give its rows bit for bit. A sliding
     window counts back from the node's position (its depth), not its row in the flattened tree."""
@@ -207,7 +214,7 @@ def test_a_tree_row_equals_its_path_decoded_alone_after_compaction(window):
     depth = [0]
     for p in parents[1:]:
         depth.append(depth[p] + 1)
-    n, past = len(parents), 44
+    n = len(parents)
     bias = np.full((1, 1, n, past + n), MASKED, np.float32)
     bias[..., :past] = 0
     for i in range(n):
@@ -216,12 +223,12 @@ def test_a_tree_row_equals_its_path_decoded_alone_after_compaction(window):
             bias[0, 0, i, past + j] = 0
             j = parents[j]
     rng = np.random.default_rng(11)
-    q, k, v = rows(rng, n)
-    tree = Attention(window=window)
+    q, k, v = rows(rng, n, layout.get("heads", (H, KV, D)))
+    tree = Attention(window=window, **layout)
     start = [a.copy() for a in tree.cache]
     out = tree(q, k, v, past, past + np.array(depth), bias)
     path = [0, 2, 4, 5]
-    alone = Attention(window=window)
+    alone = Attention(window=window, **layout)
     alone.cache = start
     for step, node in enumerate(path):
         row = alone(q[node:node + 1], k[node:node + 1], v[node:node + 1], past + step, [past + step])

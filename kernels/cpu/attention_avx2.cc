@@ -78,16 +78,14 @@ float weighted_values(const float* w, const float* values, int64_t D, int64_t k0
   return sum;
 }
 
-}  // namespace
-
-void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
+void attend_row(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
   const int64_t D = a.D;
   const TaskHeads t = task_heads(a, s, h0, count, scratch);
   const RowTask& r = t.row;
   const float* const* q = t.q;
   float* const* scores = t.scores;
   float* const* out = t.out;
-  float top[kMaxTaskHeads], sum[kMaxTaskHeads] = {};
+  float top[kMaxTaskHeads] = {-INFINITY, -INFINITY, -INFINITY}, sum[kMaxTaskHeads] = {};
   switch (count) {
     case 1: score_keys<1>(q, r, D, a.scale, scores, top, [](auto... x) { dot4<1>(x...); }); break;
     case 2: score_keys<2>(q, r, D, a.scale, scores, top, [](auto... x) { dot4<2>(x...); }); break;
@@ -106,6 +104,12 @@ void attend_avx2(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, f
     const __m256 inv = _mm256_set1_ps(1.0f / sum[i]);
     for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out[i] + d, _mm256_mul_ps(_mm256_loadu_ps(out[i] + d), inv));
   }
+}
+
+}  // namespace
+
+void attend_avx2(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, int64_t count, float* scratch) {
+  for (int64_t s = s0; s < s1; ++s) attend_row(a, s, h0, count, scratch);
 }
 
 }  // namespace edge

@@ -65,24 +65,32 @@ void exponentials(float* scores, int64_t n, float top) {
 
 // out_i[0..D) += sum over keys k0..k1 of w_i[k] * values[k] for the Q heads at once (their chains interleave, which
 // one head's 4 accumulators for 64 dims could not: each waits on the FMA before it), keys in order, 16 dims per
-// vector. Adds w_i[k] in key order to sum[i].
+// vector. Adds w_i[k] in key order to sum[i], in a local copy: `sum` may alias w or out for all the compiler knows,
+// so summing into it stored and reloaded each head's sum at every key, a chain of ~10 cycles a key through memory
+// (perf: the weighted sums ran at that pace instead of their FMAs'). The same additions, so the same bits.
 template <int Q, int W>
 void weighted_block(const float* const w[], const float* values, int64_t D, int64_t d0, int64_t k0, int64_t k1,
                     float* const out[], float sum[]) {
   __m512 acc[Q][W];
-  for (int i = 0; i < Q; ++i)
+  float total[Q];
+  for (int i = 0; i < Q; ++i) {
+    total[i] = sum[i];
     for (int j = 0; j < W; ++j) acc[i][j] = _mm512_loadu_ps(out[i] + d0 + 16 * j);
+  }
   for (int64_t k = k0; k < k1; ++k) {
     __m512 v[W];
     for (int j = 0; j < W; ++j) v[j] = load_once(values + k * D + d0 + 16 * j);
     for (int i = 0; i < Q; ++i) {
-      if (d0 == 0) sum[i] += w[i][k];
-      const __m512 wk = _mm512_set1_ps(w[i][k]);
-      for (int j = 0; j < W; ++j) acc[i][j] = _mm512_fmadd_ps(wk, v[j], acc[i][j]);
+      const float wk = w[i][k];
+      if (d0 == 0) total[i] += wk;
+      const __m512 wv = _mm512_set1_ps(wk);
+      for (int j = 0; j < W; ++j) acc[i][j] = _mm512_fmadd_ps(wv, v[j], acc[i][j]);
     }
   }
-  for (int i = 0; i < Q; ++i)
+  for (int i = 0; i < Q; ++i) {
+    sum[i] = total[i];
     for (int j = 0; j < W; ++j) _mm512_storeu_ps(out[i] + d0 + 16 * j, acc[i][j]);
+  }
 }
 
 // out_i[0..D) += sum over keys k0..k1 of w_i[k] * values[k] for the Q heads at once (their chains interleave, which
@@ -96,34 +104,65 @@ void weighted_values(const float* const w[], const float* values, int64_t D, int
   for (; d0 < D; d0 += 16) weighted_block<Q, 1>(w, values, D, d0, k0, k1, out, sum);
 }
 
+// Rows s0 .. s1-1, Q heads each, over keys in blocks of `block` cache rows: every row takes its turn on a block
+// while the block's keys (then values) are in L1, where one row at a time streamed its kv head's whole cache from
+// L2 or memory again for each row. Per row the arithmetic is the row's alone: scores of the same dot products,
+// exponentials against the same maximum, each weighted sum one FMA chain over the keys in order (a chain split at a
+// block boundary goes on from the stored accumulator), so how rows are grouped into tasks changes no bit.
 template <int Q>
-void attend_heads(const RowTask& r, int64_t D, float scale, const float* const q[], float* const scores[],
-                  float* const out[]) {
-  float top[Q], sum[Q] = {};
-  score_keys<Q>(q, r, D, scale, scores, top, [](auto... x) { dot4<Q>(x...); });
-  for (int i = 0; i < Q; ++i) {
-    exponentials(scores[i], r.n, top[i]);
-    std::fill(out[i], out[i] + D, 0.0f);
+void attend_rows(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, float* scratch) {
+  const int64_t D = a.D, rows = s1 - s0, width = a.P + a.S;
+  const int64_t block = std::max<int64_t>(8, 4096 / D);  // 16 KB of keys or values
+  thread_local std::vector<float> qbuf;
+  qbuf.resize(static_cast<size_t>(kMaxTaskRows * Q * D));
+  TaskHeads t[kMaxTaskRows];
+  float top[kMaxTaskRows][Q], sum[kMaxTaskRows][Q];
+  int64_t lo = a.L, hi = 0;  // the cache rows some row of the task sees
+  for (int64_t r = 0; r < rows; ++r) {
+    t[r] = task_heads(a, s0 + r, h0, Q, qbuf.data() + r * Q * D, scratch + r * Q * width);
+    for (int i = 0; i < Q; ++i) top[r][i] = -INFINITY, sum[r][i] = 0.0f;
+    lo = std::min(lo, t[r].row.first);
+    hi = std::max(hi, t[r].row.first + t[r].row.n);
   }
-  const float* w[Q];
-  for (int i = 0; i < Q; ++i) w[i] = scores[i];
-  const int64_t block = std::max<int64_t>(8, 4096 / D);  // values of a block stay in L1 while the heads use them
-  for (int64_t k0 = 0; k0 < r.n; k0 += block)
-    weighted_values<Q>(w, r.values, D, k0, std::min(k0 + block, r.n), out, sum);
-  for (int i = 0; i < Q; ++i) {
-    const __m512 inv = _mm512_set1_ps(1.0f / sum[i]);
-    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(out[i] + d, _mm512_mul_ps(_mm512_loadu_ps(out[i] + d), inv));
+  // Row r's keys (indices from its first) within cache rows [b, b + block).
+  const auto range = [&](int64_t r, int64_t b, int64_t& k0, int64_t& k1) {
+    const RowTask& row = t[r].row;
+    k0 = std::max(b, row.first) - row.first;
+    k1 = std::min(b + block, row.first + row.n) - row.first;
+    return k0 < k1;
+  };
+  const auto dot = [](auto... x) { dot4<Q>(x...); };
+  int64_t k0 = 0, k1 = 0;
+  if (rows == 1) {  // nothing to share: one pass over the keys (a call per block cost a 1-token step's attention 5%)
+    score_keys<Q>(t[0].q, t[0].row, D, a.scale, t[0].scores, top[0], dot);
+  } else {
+    for (int64_t b = lo / block * block; b < hi; b += block)
+      for (int64_t r = 0; r < rows; ++r)
+        if (range(r, b, k0, k1)) score_keys<Q>(t[r].q, t[r].row, D, a.scale, t[r].scores, top[r], dot, k0, k1);
   }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int i = 0; i < Q; ++i) {
+      exponentials(t[r].scores[i], t[r].row.n, top[r][i]);
+      std::fill(t[r].out[i], t[r].out[i] + D, 0.0f);
+    }
+  for (int64_t b = lo / block * block; b < hi; b += block)
+    for (int64_t r = 0; r < rows; ++r)
+      if (range(r, b, k0, k1)) weighted_values<Q>(t[r].scores, t[r].row.values, D, k0, k1, t[r].out, sum[r]);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int i = 0; i < Q; ++i) {
+      const __m512 inv = _mm512_set1_ps(1.0f / sum[r][i]);
+      float* out = t[r].out[i];
+      for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(out + d), inv));
+    }
 }
 
 }  // namespace
 
-void attend_avx512(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
-  const TaskHeads t = task_heads(a, s, h0, count, scratch);
+void attend_avx512(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, int64_t count, float* scratch) {
   switch (count) {
-    case 1: attend_heads<1>(t.row, a.D, a.scale, t.q, t.scores, t.out); break;
-    case 2: attend_heads<2>(t.row, a.D, a.scale, t.q, t.scores, t.out); break;
-    default: attend_heads<3>(t.row, a.D, a.scale, t.q, t.scores, t.out); break;
+    case 1: attend_rows<1>(a, s0, s1, h0, scratch); break;
+    case 2: attend_rows<2>(a, s0, s1, h0, scratch); break;
+    default: attend_rows<3>(a, s0, s1, h0, scratch); break;
   }
 }
 

@@ -209,22 +209,32 @@ void write_cache(const TensorView* in, AttentionArgs& a) {
 struct Job {
   const AttentionArgs* args;
   AttendFn fn;
+  int64_t rows;  // rows per task
   int64_t tasks, chunks;
 };
 
-// Contiguous ranges of tasks (a row and a block of heads of one kv group); a task's result never depends on which
-// thread runs it. Tasks are numbered kv head first: the rows that read one kv head's keys and values run back to
-// back, so a verify step reads each layer's cache from memory about once rather than once per row.
+// Rows per task: as many as keep ~6 tasks for the threads to share (a task's rows read each block of the kv head's
+// cache once between them), at most kMaxTaskRows. Which rows share a task changes no result.
+int64_t rows_per_task(const AttentionArgs& a) {
+  const int64_t per_row = a.KV * task_blocks(a);
+  return std::clamp<int64_t>((a.S * per_row + 5) / 6, 1, kMaxTaskRows);
+}
+
+// Contiguous ranges of tasks (a block of rows and a block of heads of one kv group); a task's result never depends
+// on which thread runs it. Tasks are numbered kv head first: the rows that read one kv head's keys and values run
+// back to back, so a verify step reads each layer's cache from memory about once rather than once per row.
 void run_chunk(void* user, size_t index) {
   const auto* job = static_cast<const Job*>(user);
   const AttentionArgs& a = *job->args;
   const int64_t heads = heads_per_task(a), group = a.H / a.KV, blocks = task_blocks(a);
+  const int64_t row_blocks = (a.S + job->rows - 1) / job->rows;
   thread_local std::vector<float> scores;
-  scores.resize(static_cast<size_t>(heads * (a.P + a.S)));
+  scores.resize(static_cast<size_t>(job->rows * heads * (a.P + a.S)));
   const int64_t i = static_cast<int64_t>(index);
   for (int64_t t = job->tasks * i / job->chunks; t < job->tasks * (i + 1) / job->chunks; ++t) {
-    const int64_t g = t / (a.S * blocks), s = t / blocks % a.S, h0 = g * group + t % blocks * heads;
-    job->fn(a, s, h0, std::min(heads, g * group + group - h0), scores.data());
+    const int64_t g = t / (row_blocks * blocks), s0 = t / blocks % row_blocks * job->rows;
+    const int64_t h0 = g * group + t % blocks * heads;
+    job->fn(a, s0, std::min(s0 + job->rows, a.S), h0, std::min(heads, g * group + group - h0), scores.data());
   }
 }
 
@@ -234,7 +244,8 @@ OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   if (OrtStatus* st = prepare_attention(*static_cast<const AttentionKernel*>(kernel), ctx, in, a, true)) return st;
   write_cache(in, a);
   if (a.S == 0) return nullptr;
-  Job job{&a, select_attend_fn(a.D), a.S * a.KV * task_blocks(a), 1};
+  const int64_t rows = rows_per_task(a);
+  Job job{&a, select_attend_fn(a.D), rows, (a.S + rows - 1) / rows * a.KV * task_blocks(a), 1};
   const int64_t work = a.H * a.S * (a.P + a.S) * a.D;  // multiply-adds of the scores
   if (work >= (int64_t{1} << 15)) job.chunks = std::min<int64_t>(job.tasks, 64);
   if (job.chunks == 1) {
@@ -243,8 +254,6 @@ OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   }
   return g_ort.KernelContext_ParallelFor(ctx, run_chunk, static_cast<size_t>(job.chunks), 0, &job);
 }
-
-
 
 // ORT keeps the pointer for the life of every session.
 OrtCustomOp g_op = make_custom_op(attention_spec(cpu_provider, compute, compute_v1<compute>, nullptr));

@@ -34,8 +34,9 @@ void attend_head(const AttentionArgs& a, int64_t s, int64_t h, float* scores) {
 
 }  // namespace
 
-void attend_portable(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
-  for (int64_t h = h0; h < h0 + count; ++h) attend_head(a, s, h, scratch);
+void attend_portable(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, int64_t count, float* scratch) {
+  for (int64_t s = s0; s < s1; ++s)
+    for (int64_t h = h0; h < h0 + count; ++h) attend_head(a, s, h, scratch);
 }
 
 AttendFn select_attend_fn(int64_t head_dim) {

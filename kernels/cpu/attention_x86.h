@@ -23,39 +23,46 @@ struct TaskHeads {
   RowTask row{};
 };
 
-TaskHeads task_heads(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
-  thread_local std::vector<float> qbuf;
-  qbuf.resize(static_cast<size_t>(kMaxTaskHeads * a.D));
+// Row s's task heads with its rotated queries in `qbuf` (count * D floats) and its scores in `scores` (count * (P + S)).
+TaskHeads task_heads(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* qbuf, float* scores) {
   TaskHeads t;
   for (int64_t i = 0; i < count; ++i) {
-    t.row = row_task(a, s, h0 + i, qbuf.data() + i * a.D);
-    t.q[i] = qbuf.data() + i * a.D;
-    t.scores[i] = scratch + i * (a.P + a.S);
+    t.row = row_task(a, s, h0 + i, qbuf + i * a.D);
+    t.q[i] = qbuf + i * a.D;
+    t.scores[i] = scores + i * (a.P + a.S);
     t.out[i] = t.row.out;
   }
   return t;
 }
 
-// Scaled scores plus bias of Q queries for the task's n keys, into scores[i]; top[i] receives each maximum. The
-// last block repeats the last key in its empty slots and drops their results. Dot4(q, keys, D, out) puts the 4 keys'
-// dot products with query i in out[i].
+TaskHeads task_heads(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
+  thread_local std::vector<float> qbuf;
+  qbuf.resize(static_cast<size_t>(kMaxTaskHeads * a.D));
+  return task_heads(a, s, h0, count, qbuf.data(), scratch);
+}
+
+// Scaled scores plus bias of Q queries for the task's keys k0 .. k1-1 (all n when k1 < 0), into scores[i]; top[i]
+// becomes the larger of itself and their maximum. A last group of fewer than 4 keys repeats key k1-1 in its empty
+// slots and drops their results. Dot4(q, keys, D, out) puts the 4 keys' dot products with query i in out[i]; a
+// key's score is the same in any slot, so splitting the keys into ranges changes no score.
 template <int Q, class Dot4>
 void score_keys(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[], float top[],
-                Dot4 dot4) {
+                Dot4 dot4, int64_t k0 = 0, int64_t k1 = -1) {
+  if (k1 < 0) k1 = r.n;
   const __m128 vscale = _mm_set1_ps(scale);
   __m128 vtop[Q];
-  for (int i = 0; i < Q; ++i) vtop[i] = _mm_set1_ps(-INFINITY);
-  for (int64_t t = 0; t < r.n; t += 4) {
+  for (int i = 0; i < Q; ++i) vtop[i] = _mm_set1_ps(top[i]);
+  for (int64_t t = k0; t < k1; t += 4) {
     const float* keys[4];
     alignas(16) float bias[4] = {0, 0, 0, 0};
     for (int j = 0; j < 4; ++j) {
-      const int64_t k = std::min<int64_t>(t + j, r.n - 1);
+      const int64_t k = std::min<int64_t>(t + j, k1 - 1);
       keys[j] = r.keys + k * D;
       if (r.bias != nullptr) bias[j] = r.bias[k];
     }
     __m128 v[Q];
     dot4(q, keys, D, v);
-    const int64_t live = std::min<int64_t>(4, r.n - t);
+    const int64_t live = std::min<int64_t>(4, k1 - t);
     for (int i = 0; i < Q; ++i) {
       v[i] = _mm_mul_ps(v[i], vscale);
       if (r.bias != nullptr) v[i] = _mm_add_ps(v[i], _mm_load_ps(bias));
