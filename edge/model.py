@@ -9,6 +9,7 @@ rows, then `cache.trim`/`cache.keep`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ def logits_index(n: int, rows, max_rows: int) -> np.ndarray:
 
 
 STEP_INPUTS = ("input_ids", "position_ids", "logits_index", "seqlens_k", "total_sequence_length", "attention_bias")
+KEPT_ROWS = 17  # steps of up to this many tokens (a draft of 16 and its root) keep a binding per shape (Decoder)
 
 
 class BoundInputs:
@@ -45,16 +47,17 @@ class BoundInputs:
     """
 
     def __init__(self, targets: list[tuple[Any, tuple[str, ...]]], capacity: int, max_rows: int,
-                 tree_attention: bool, package_root):
-        """targets: (binding, the input names its graph takes) pairs."""
+                 tree_attention: bool, package_root, zeros: CausalBias | None = None, step_tokens: int | None = None):
+        """targets: (binding, the input names its graph takes) pairs; zeros: a causal bias shared with other
+        BoundInputs (None: one of its own); step_tokens: the most tokens a step brings (None: the capacity)."""
         self.targets, self.capacity, self.max_rows = targets, capacity, max_rows
         self.tree_attention, self.root = tree_attention, package_root
-        self.ids = np.zeros((1, capacity), np.int64)
-        self.positions = np.zeros((1, capacity), np.int64)
+        self.ids = np.zeros((1, step_tokens or capacity), np.int64)
+        self.positions = np.zeros((1, step_tokens or capacity), np.int64)
         self.rows = np.zeros(max_rows, np.int64)
         self.seqlens = np.zeros(1, np.int32)
         self.total = np.zeros((), np.int32)
-        self.zeros = np.zeros(0, np.float32)  # a causal step's bias: grown as steps need, never written
+        self.zeros = zeros or CausalBias()
         self.bound: dict[tuple[int, str], tuple[int, ...]] = {}  # (target, input name) -> the shape bound
 
     def write(self, past: int, tokens: np.ndarray, positions, logits_rows, attention_bias) -> int:
@@ -75,7 +78,7 @@ class BoundInputs:
                   "total_sequence_length": (self.total, ())}
         bias = None
         if self.tree_attention:  # its shape changes every step: bound every step
-            bias = (self._causal(n, total) if attention_bias is None
+            bias = (self.zeros.view(n, total) if attention_bias is None
                     else np.ascontiguousarray(attention_bias, dtype=np.float32))
         for i, (binding, names) in enumerate(self.targets):
             for name in names:
@@ -89,10 +92,38 @@ class BoundInputs:
                     self.bound[(i, name)] = shape
         return len(rows)
 
-    def _causal(self, n: int, total: int) -> np.ndarray:
+
+class CausalBias:
+    """A causal step's attention bias: zeros, grown as steps need and never written."""
+
+    def __init__(self):
+        self.zeros = np.zeros(0, np.float32)
+
+    def view(self, n: int, total: int) -> np.ndarray:
         if self.zeros.size < n * total:
             self.zeros = np.zeros(max(n * total, 2 * self.zeros.size), np.float32)
         return self.zeros[:n * total].reshape(1, 1, n, total)
+
+
+class StepBinding:
+    """One IOBinding of the decoder graph with the KV cache bound in place, its per-step inputs (BoundInputs) and the
+    shapes of the outputs bound to it."""
+
+    def __init__(self, session, cache: KVCache, num_layers: int, inputs: Callable[[Any], BoundInputs]):
+        self.binding = session.io_binding()
+        self.inputs = inputs(self.binding)
+        self.outputs: dict[str, tuple[int, ...]] = {}  # output name -> the shape bound
+        for i in range(num_layers):
+            for j, kind in enumerate(("key", "value")):
+                value = cache.values[2 * i + j]
+                self.binding.bind_ortvalue_input(f"past_{kind}.{i}", value)
+                self.binding.bind_ortvalue_output(f"present_{kind}.{i}", value)
+
+    def bind_output(self, name: str, buffer: np.ndarray) -> None:
+        """Bind a persistent output buffer's first rows, unless they are bound already."""
+        if self.outputs.get(name) != buffer.shape:
+            self.binding.bind_output(name, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
+            self.outputs[name] = buffer.shape
 
 
 class Decoder:
@@ -111,15 +142,24 @@ class Decoder:
         has_hidden = any(o.name == "hidden" for o in self.session.get_outputs())
         self._hidden = np.empty((max_rows, self.config.hidden_size), np.float32) if has_hidden else None
         self.hidden: np.ndarray | None = None  # the last step's rows of _hidden
-        self._binding = self.session.io_binding()
-        self._inputs = BoundInputs([(self._binding, STEP_INPUTS)], self.cache.capacity, max_rows,
-                                   self.tree_attention, package.root)
-        self._outputs: dict[str, tuple[int, ...]] = {}  # output name -> the shape bound
-        for i in range(self.config.num_layers):
-            for j, kind in enumerate(("key", "value")):
-                value = self.cache.values[2 * i + j]
-                self._binding.bind_ortvalue_input(f"past_{kind}.{i}", value)
-                self._binding.bind_ortvalue_output(f"present_{kind}.{i}", value)
+        self._zeros = CausalBias()
+        self._bindings: dict[tuple[int, int], StepBinding] = {}  # (tokens, logits rows) -> its binding
+
+    def _binding(self, tokens: int, rows: int) -> StepBinding:
+        """The binding for steps of this shape. Speculation changes the step's size from one call to the next, and
+        each change rebound the tokens, positions, logits rows and outputs: ~80-100 us a verify call after the step
+        before had left the caches cold, against ~50 us for plain decoding's bias alone (session 23, in the loop). So
+        each shape of up to KEPT_ROWS tokens keeps a binding of its own (the KV cache bound into each once); larger
+        steps (prompt chunks) share one."""
+        small = tokens <= KEPT_ROWS
+        key = (tokens, rows) if small else (0, 0)
+        entry = self._bindings.get(key)
+        if entry is None:
+            entry = self._bindings[key] = StepBinding(
+                self.session, self.cache, self.config.num_layers,
+                lambda b: BoundInputs([(b, STEP_INPUTS)], self.cache.capacity, self.max_rows, self.tree_attention,
+                                      self.package.root, self._zeros, KEPT_ROWS if small else None))
+        return entry
 
     def step(self, tokens, positions=None, logits_rows=None, attention_bias: np.ndarray | None = None) -> np.ndarray:
         """Append `tokens` to the cache and return logits (len(logits_rows), vocab); default: the last row only.
@@ -127,21 +167,16 @@ class Decoder:
         The returned array is a view of a buffer the next step overwrites: copy it to keep it.
         """
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        rows = self._inputs.write(self.cache.length, tokens, positions, logits_rows, attention_bias)
+        bound = self._binding(len(tokens), 1 if logits_rows is None else len(logits_rows))
+        rows = bound.inputs.write(self.cache.length, tokens, positions, logits_rows, attention_bias)
         out = self._logits[:rows]
-        self._bind_output("logits", out)
+        bound.bind_output("logits", out)
         if self._hidden is not None:
             self.hidden = self._hidden[:rows]
-            self._bind_output("hidden", self.hidden)
-        self.session.run_with_iobinding(self._binding)
+            bound.bind_output("hidden", self.hidden)
+        self.session.run_with_iobinding(bound.binding)
         self.cache.length += len(tokens)
         return out
-
-    def _bind_output(self, name: str, buffer: np.ndarray) -> None:
-        """Bind a persistent output buffer's first rows, unless they are bound already (see BoundInputs)."""
-        if self._outputs.get(name) != buffer.shape:
-            self._binding.bind_output(name, "cpu", 0, np.float32, list(buffer.shape), buffer.ctypes.data)
-            self._outputs[name] = buffer.shape
 
     def prefill(self, tokens, chunk: int = DEFAULT_PREFILL_CHUNK) -> np.ndarray:
         """Feed a prompt in chunks (bounded activation memory) and return the last token's logits."""

@@ -62,7 +62,8 @@ def test_steps_of_changing_shapes_match_recomputing(tmp_path):
     reference = Decoder(decoder.package, context_length=64, threads=1)
     rng = np.random.default_rng(6)
     history: list[int] = []
-    for size, rows in [(4, None), (1, None), (1, None), (3, [0, 2]), (1, None), (2, [0, 1]), (1, None), (5, [4])]:
+    for size, rows in [(4, None), (1, None), (1, None), (3, [0, 2]), (1, None), (2, [0, 1]), (1, None), (5, [4]),
+                       (3, [0, 2]), (2, [0, 1]), (1, None), (18, None), (2, [0, 1]), (18, [17]), (1, None)]:
         new = [int(t) for t in rng.integers(0, 96, size)]
         past = len(history)
         explicit = size == 2  # a causal step given as explicit positions and bias
@@ -73,6 +74,26 @@ def test_steps_of_changing_shapes_match_recomputing(tmp_path):
         want = reference.step(history + new, logits_rows=[past + r for r in (rows or [size - 1])])
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
         history += new
+
+
+def test_a_step_of_a_shape_seen_before_binds_only_its_bias(tmp_path, monkeypatch):
+    """Speculation changes the step's size from call to call: each small shape keeps its own binding, so a step of
+    a shape seen before binds only the attention bias (whose shape grows with the past), and no output."""
+    from onnxruntime.capi.onnxruntime_inference_collection import IOBinding
+
+    _, imported = tiny_llama(seed=7)
+    decoder = make_decoder(tmp_path, imported)
+    decoder.step(list(range(4)))
+    decoder.step([1])
+    decoder.step([2, 3, 4], logits_rows=[0, 1, 2])
+    bound: list[str] = []
+    for method in ("bind_cpu_input", "bind_output"):
+        original = getattr(IOBinding, method)
+        monkeypatch.setattr(IOBinding, method, lambda self, name, *a, _f=original: (bound.append(name), _f(self, name, *a))[1])
+    decoder.step([5])
+    decoder.step([6, 7, 8], logits_rows=[0, 1, 2])
+    decoder.step([9])
+    assert bound == ["attention_bias"] * 3
 
 
 def test_tree_step_equals_each_branch_decoded_alone(tmp_path):
