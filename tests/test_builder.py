@@ -87,9 +87,15 @@ def test_a_step_of_a_shape_seen_before_binds_only_its_bias(tmp_path, monkeypatch
     decoder.step([1])
     decoder.step([2, 3, 4], logits_rows=[0, 1, 2])
     bound: list[str] = []
+
+    def recording(original):
+        def bind(self, name, *args):
+            bound.append(name)
+            return original(self, name, *args)
+        return bind
+
     for method in ("bind_cpu_input", "bind_output"):
-        original = getattr(IOBinding, method)
-        monkeypatch.setattr(IOBinding, method, lambda self, name, *a, _f=original: (bound.append(name), _f(self, name, *a))[1])
+        monkeypatch.setattr(IOBinding, method, recording(getattr(IOBinding, method)))
     decoder.step([5])
     decoder.step([6, 7, 8], logits_rows=[0, 1, 2])
     decoder.step([9])
