@@ -1,9 +1,9 @@
 """One decoder step on ONNX Runtime: S new tokens on top of the cached past, logits for the rows asked for.
 
 Everything that persists across steps is bound once with IOBinding (the KV buffers, in and out, and the logits
-buffer); the small per-step inputs are written in place and bound again only when their shape changes. This is the
-interface speculative decoding builds on: `step` with explicit positions, a tree attention bias and several logits
-rows, then `cache.trim`/`cache.keep`.
+buffer); the small per-step inputs are written in place and, on the CPU, bound again only when their shape
+changes. This is the interface speculative decoding builds on: `step` with explicit positions, a tree attention bias
+and several logits rows, then `cache.trim`/`cache.keep`.
 """
 
 from __future__ import annotations
@@ -43,14 +43,19 @@ class BoundInputs:
     After a step has streamed the weights through the caches, whatever runs between two steps runs cold: binding the
     seven per-step tensors afresh took ~110 us a step, 3% of an int4 SmolLM2 step (Zen 5, 2 threads; 14 us warm).
     A tensor is bound again only when its shape changes: plain decoding rebinds only the attention bias, which
-    grows by a column each step.
+    grows by a column each step. That needs a session that reads the bound buffers where they are (the CPU's):
+    onnxruntime copies an input bound for a GPU's nodes when it is bound, so there (`in_place=False`) every input
+    is bound every step, or the graph would read the values of the step that last bound them (session 24: on an
+    H100 the greedy tokens went wrong from the first, and so did every drafter's).
     """
 
     def __init__(self, targets: list[tuple[Any, tuple[str, ...]]], capacity: int, max_rows: int,
-                 tree_attention: bool, package_root, zeros: CausalBias | None = None, step_tokens: int | None = None):
+                 tree_attention: bool, package_root, zeros: CausalBias | None = None, step_tokens: int | None = None,
+                 in_place: bool = True):
         """targets: (binding, the input names its graph takes) pairs; zeros: a causal bias shared with other
-        BoundInputs (None: one of its own); step_tokens: the most tokens a step brings (None: the capacity)."""
-        self.targets, self.capacity, self.max_rows = targets, capacity, max_rows
+        BoundInputs (None: one of its own); step_tokens: the most tokens a step brings (None: the capacity);
+        in_place: the session reads bound inputs in place (False: it copies them at binding, as for a GPU)."""
+        self.targets, self.capacity, self.max_rows, self.in_place = targets, capacity, max_rows, in_place
         self.tree_attention, self.root = tree_attention, package_root
         self.ids = np.zeros((1, step_tokens or capacity), np.int64)
         self.positions = np.zeros((1, step_tokens or capacity), np.int64)
@@ -87,7 +92,7 @@ class BoundInputs:
                         binding.bind_cpu_input(name, bias)
                     continue
                 buffer, shape = shapes[name]
-                if self.bound.get((i, name)) != shape:  # the leading `shape` of a persistent buffer
+                if not self.in_place or self.bound.get((i, name)) != shape:  # `shape`: the buffer's leading part
                     binding.bind_cpu_input(name, buffer.reshape(-1)[:math.prod(shape)].reshape(shape))
                     self.bound[(i, name)] = shape
         return len(rows)
@@ -158,7 +163,8 @@ class Decoder:
             entry = self._bindings[key] = StepBinding(
                 self.session, self.cache, self.config.num_layers,
                 lambda b: BoundInputs([(b, STEP_INPUTS)], self.cache.capacity, self.max_rows, self.tree_attention,
-                                      self.package.root, self._zeros, KEPT_ROWS if small else None))
+                                      self.package.root, self._zeros, KEPT_ROWS if small else None,
+                                      in_place=self.device == "cpu"))
         return entry
 
     def step(self, tokens, positions=None, logits_rows=None, attention_bias: np.ndarray | None = None) -> np.ndarray:

@@ -102,6 +102,31 @@ def test_a_step_of_a_shape_seen_before_binds_only_its_bias(tmp_path, monkeypatch
     assert bound == ["attention_bias"] * 3
 
 
+def test_inputs_reach_a_session_that_copies_them_at_binding():
+    """On a GPU, onnxruntime copies an input when it is bound, so a buffer written in place after binding is never
+    read again: there BoundInputs binds every input every step (session 24 found the GPU's tokens wrong from the
+    first, with the shape-only rebinding that serves the CPU)."""
+    from edge.model import STEP_INPUTS, BoundInputs
+
+    class CopyingBinding:  # what a CUDA session's binding keeps: a copy taken at binding
+        def __init__(self):
+            self.seen: dict[str, np.ndarray] = {}
+
+        def bind_cpu_input(self, name, array):
+            self.seen[name] = np.array(array, copy=True)
+
+    for in_place in (False, True):
+        binding = CopyingBinding()
+        inputs = BoundInputs([(binding, STEP_INPUTS)], 32, 4, True, "pkg", step_tokens=4, in_place=in_place)
+        stale = []
+        for past, tokens in [(0, [5, 6, 7]), (3, [8]), (4, [9]), (5, [10, 11, 12])]:
+            inputs.write(past, np.asarray(tokens, np.int64), None, None, None)
+            seen = binding.seen
+            stale.append(seen["input_ids"].tolist() != [tokens] or seen["position_ids"][0, 0] != past
+                         or int(seen["total_sequence_length"]) != past + len(tokens))
+        assert any(stale) == in_place  # in place, a copying session would read the first step's tokens again
+
+
 def test_tree_step_equals_each_branch_decoded_alone(tmp_path):
     """A flattened two-branch tree verified in one call gives each node the logits of its own path."""
     model, imported = tiny_llama(seed=5)

@@ -88,3 +88,35 @@ def test_device_cache_keep_moves_a_tree_path_like_numpy() -> None:
     assert isinstance(cache.values[0], ort.OrtValue)
 
 
+
+
+def test_decoder_on_the_gpu_follows_the_cpu_step_by_step(tmp_path) -> None:
+    """The runtime on the CUDA EP (IOBinding, the device KV cache, a binding per step shape): steps whose size,
+    logits rows, positions and tree bias change from one to the next, shapes revisited, give the CPU decoder's
+    logits. Session 24 found the GPU's greedy tokens wrong from the first: inputs written in place after binding,
+    which onnxruntime had copied to the GPU when they were bound."""
+    pytest.importorskip("transformers")
+    from tiny_models import tiny_llama
+
+    from edge.export.pipeline import export_model
+    from edge.model import MASKED, Decoder
+    from edge.package import load_package
+
+    _, imported = tiny_llama(seed=6)
+    export_model("tiny", tmp_path / "pkg", quant="int4", model=imported, tree_attention=True, kernels="edge",
+                 head="rtn")
+    package = load_package(tmp_path / "pkg")
+    gpu, cpu = Decoder(package, context_length=64, device="cuda"), Decoder(package, context_length=64, threads=1)
+    rng = np.random.default_rng(6)
+    past = 0
+    for size, rows in [(4, None), (1, None), (1, None), (3, [0, 2]), (1, None), (2, [0, 1]), (1, None), (5, [4]),
+                       (3, [0, 2]), (2, [0, 1]), (1, None), (18, None), (2, [0, 1]), (1, None)]:
+        new = [int(t) for t in rng.integers(0, 96, size)]
+        explicit = size == 2  # a causal step given as explicit positions and bias
+        bias = np.where(np.arange(past + size) <= past + np.arange(size)[:, None], 0.0, MASKED)[None, None]
+        kwargs = dict(positions=list(range(past, past + size)), attention_bias=bias.astype(np.float32)) \
+            if explicit else {}
+        want = cpu.step(new, logits_rows=rows, **kwargs).copy()
+        got = gpu.step(new, logits_rows=rows, **kwargs).copy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * np.abs(want).max(), err_msg=f"past {past}")
+        past += size

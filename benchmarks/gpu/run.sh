@@ -6,6 +6,7 @@
 # the kernel libraries are used when built (kernels/*.so), else built here. Logs and tables go to $OUT.
 #
 #   bash benchmarks/gpu/run.sh [setup|tests|bench|decode|profile|all] [extra args for the benchmark]
+#   bash benchmarks/gpu/run.sh python SCRIPT [args]   (any script, in the same environment)
 #
 # decode runs benchmarks/gpu/decode_gpu.py on the GGUF at $GGUF (default /tmp/smollm2.gguf); it needs the gguf wheel
 # in .gpu/whl when the machine has no gguf package.
@@ -55,6 +56,10 @@ if [ "$what" = decode ] || [ "$what" = all ]; then
   PYTHONUNBUFFERED=1 python3 benchmarks/gpu/decode_gpu.py --gguf "${GGUF:-/tmp/smollm2.gguf}" --out "$OUT/decode_gpu.md" \
     "$@" 2>&1 | tee "$OUT/decode.log" | tail -30
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [ "$what" = python ]; then
+  PYTHONUNBUFFERED=1 python3 "$@" 2>&1 | tee "$OUT/python.log"
+  status=${PIPESTATUS[0]}
 fi
 if [ "$what" = profile ]; then
   PYTHONUNBUFFERED=1 python3 benchmarks/gpu/spec_profile.py 2>&1 | tee "$OUT/profile.log" | tail -12
