@@ -1,6 +1,6 @@
 """What only the CUDA kernels need checking for, beyond tests/test_kernels.py (which re-runs itself on the CUDA EP):
-odd and long K (the lanes' split of K), every launch shape of the row blocks, agreement with the CPU op, and the
-device KV cache's compaction. Skipped without onnxruntime-gpu and a GPU (CI); benchmarks/gpu/run.sh runs them. Each
+odd and long K (the lanes' split of K), every launch shape of the row blocks, agreement with the CPU op, the
+device KV cache's compaction, and the Decoder on the CUDA EP against the CPU's. Skipped without onnxruntime-gpu and a GPU (CI); benchmarks/gpu/run.sh runs them. Each
 session refuses a CPU fallback, so a pass means the CUDA kernel computed every output.
 """
 
