@@ -1,6 +1,7 @@
 """Replay prompt lookup over plain greedy outputs: what a drafting rule gains, without the machine's noise.
 
-    python benchmarks/speculative_replay.py [--tokens 64] [--outputs FILE.json]
+    python benchmarks/speculative_replay.py [--tokens 64] [--prompts benchmark|held-out] [--orders 20]
+                                            [--outputs FILE.json]
 
 Decodes the speculative benchmark's prompts once with plain greedy decoding on the default package (kept in
 FILE.json with whether the target was sure of each token, reused when it exists), then replays edge's PromptLookup
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import sys
 from pathlib import Path
 
@@ -32,8 +34,44 @@ from edge.speculative.decode import root_is_sure  # noqa: E402
 
 DRAFT_SECONDS = 20e-6  # a lookup proposal, measured in the loop
 
+# Held-out prompts (--prompts held-out): other passages and tasks of the same categories, to check that a rule chosen
+# on the benchmark's 11 prompts is not fitted to them.
+FACTS = ("The Eiffel Tower was built between 1887 and 1889 as the entrance arch for the 1889 World's Fair in Paris. It "
+         "is 330 metres tall, was the tallest man-made structure in the world for 41 years, and is named after the "
+         "engineer Gustave Eiffel, whose company designed and built it. Around seven million people visit it every "
+         "year.")
+SCIENCE = ("Photosynthesis is the process by which green plants use sunlight, water and carbon dioxide to make glucose "
+           "and oxygen. It takes place mainly in the leaves, inside small structures called chloroplasts, which "
+           "contain the green pigment chlorophyll. The oxygen released is what most animals need to breathe.")
+EMAIL = ("hi all, just a reminder that the quartely report is due on friday. please send me you're numbers by "
+         "thursday noon so i can put everything together. if their is any problem let me know asap. thanks, Dana")
+PRODUCT = ("The X200 vacuum cleaner weighs 2.4 kilograms, runs for 45 minutes on one charge and takes 3 hours to "
+           "recharge. Its dust bin holds 0.6 litres, and it comes with two brushes and a wall mount. The warranty "
+           "lasts two years.")
+WORDS = ("def count_words(text):\n    counts = {}\n    for word in text.split():\n        word = word.lower()\n"
+         "        counts[word] = counts.get(word, 0) + 1\n    return counts\n")
+HELD_OUT = {
+    "open chat": [[("user", "What is the difference between weather and climate?")],
+                  [("user", "How do I make a good cup of tea?")]],
+    "code": [[("user", f"Add type hints to this function:\n{WORDS}")],
+             [("user", f"Here is a Python function:\n{WORDS}\nRewrite it using collections.Counter.")]],
+    "rewrite": [[("user", f"Fix the grammar and spelling in this email:\n{EMAIL}")],
+                [("user", f"Rewrite this paragraph in a formal tone:\n{FACTS}")],
+                [("user", f"Rewrite this paragraph in simpler words:\n{SCIENCE}")],
+                [("user", f"Make this text more concise:\n{PRODUCT}")]],
+    "summarise/extract": [[("user", f"Summarise this passage in one sentence:\n{FACTS}")],
+                          [("user", f"List every number in this passage with what it measures:\n{PRODUCT}")],
+                          [("user", f"What does this passage say about chloroplasts?\n{SCIENCE}")],
+                          [("user", f"Extract the deadlines from this email:\n{EMAIL}")]],
+    "repeat with change": [[("user", "Give me three tips for learning a new language."), ("assistant", None),
+                            ("user", "Repeat your tips, but add a fourth one about music.")],
+                           [("user", "Write a short story about a lost cat."), ("assistant", None),
+                            ("user", "Repeat the story exactly, but call the cat Milo.")]],
+}
+PROMPT_SETS = {"benchmark": CATEGORIES, "held-out": HELD_OUT}
 
-def capture(tokens: int) -> dict:
+
+def capture(tokens: int, categories: dict) -> dict:
     """Plain greedy outputs of every benchmark prompt, whether the target was sure of each generated token
     (root_is_sure of the logits it was chosen from), and the package's cost curve."""
     from edge.default_model import default_package
@@ -49,7 +87,7 @@ def capture(tokens: int) -> dict:
         return logits
 
     runs = []
-    for category, prompts in CATEGORIES.items():
+    for category, prompts in categories.items():
         for turns in prompts:
             messages = messages_for(engine, turns, tokens)
             engine.reset()
@@ -85,6 +123,25 @@ def replay(ids: list[int], generated: int, sure: list[bool], curve: CostCurve, p
     return (generated - 1) * curve(1) / seconds
 
 
+def policy_speedups(runs: list[dict], curve: CostCurve, orders: int) -> dict[str, list[float]]:
+    """Each category's per-prompt speed-ups under the adaptive policy, the prompts replayed in the benchmark's order
+    and then in `orders - 1` shuffled orders, policies shared across the prompts as in the runtime; a prompt's value
+    is its geometric mean over the orders. What the shared policies learned from earlier prompts moves a single
+    prompt by up to ~30% (session 24: a rule that gained 5-9% on a category in one order gained nothing over 20)."""
+    logs = [[] for _ in runs]
+    rng = random.Random(0)
+    order = list(range(len(runs)))
+    for _ in range(orders):
+        policies: dict = {}
+        for i in order:
+            logs[i].append(math.log(replay(runs[i]["ids"], runs[i]["n"], runs[i]["sure"], curve, policies, False)))
+        rng.shuffle(order)
+    out: dict[str, list[float]] = {}
+    for run, values in zip(runs, logs):
+        out.setdefault(run["category"], []).append(math.exp(float(np.mean(values))))
+    return out
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(float(np.mean(np.log(values))))
 
@@ -92,21 +149,26 @@ def geomean(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--outputs", type=Path, default=Path("/tmp/edge-speculative-outputs.json"))
+    parser.add_argument("--prompts", choices=list(PROMPT_SETS), default="benchmark")
+    parser.add_argument("--orders", type=int, default=20, help="prompt orders to average the policy over")
+    parser.add_argument("--outputs", type=Path, help="where the plain outputs are kept (default: "
+                        "/tmp/edge-speculative-outputs[-held-out].json)")
     args = parser.parse_args()
+    suffix = "" if args.prompts == "benchmark" else f"-{args.prompts}"
+    args.outputs = args.outputs or Path(f"/tmp/edge-speculative-outputs{suffix}.json")
     data = json.loads(args.outputs.read_text()) if args.outputs.exists() else {}
     if "sure" not in (data.get("runs") or [{}])[0]:  # absent, or captured before root confidence was recorded
-        data = capture(args.tokens)
+        data = capture(args.tokens, PROMPT_SETS[args.prompts])
         args.outputs.write_text(json.dumps(data))
     curve = CostCurve(tuple(data["sizes"]), tuple(data["seconds"]))
     runs = [r for r in data["runs"] if r["n"] >= MIN_TOKENS]
-    policies: dict = {}
-    rows = {}
+    rows: dict = {}
     for run in runs:
         row = rows.setdefault(run["category"], {"policy": [], "cut": [], "ceiling": []})
-        row["policy"].append(replay(run["ids"], run["n"], run["sure"], curve, policies, cut=False))
         row["cut"].append(replay(run["ids"], run["n"], run["sure"], curve, {}, cut=True))
         row["ceiling"].append(lookup_ceiling(run["ids"], run["n"], curve))
+    for category, values in policy_speedups(runs, curve, args.orders).items():
+        rows[category]["policy"] = values
     print("| category | prompt lookup | drafts cut to what passes | lookup's ceiling |")
     print("|---|---|---|---|")
     for category, row in rows.items():
