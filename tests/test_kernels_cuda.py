@@ -1,7 +1,8 @@
 """What only the CUDA kernels need checking for, beyond tests/test_kernels.py (which re-runs itself on the CUDA EP):
 odd and long K (the lanes' split of K), every launch shape of the row blocks, agreement with the CPU op, the
-device KV cache's compaction, and the Decoder on the CUDA EP against the CPU's. Skipped without onnxruntime-gpu and a GPU (CI); benchmarks/gpu/run.sh runs them. Each
-session refuses a CPU fallback, so a pass means the CUDA kernel computed every output.
+device KV cache's compaction, and the Decoder on the CUDA EP against the CPU's. Skipped without onnxruntime-gpu and
+a GPU (CI); benchmarks/gpu/run.sh runs them. Each session refuses a CPU fallback, so a pass means the CUDA kernel
+computed every output.
 """
 
 from __future__ import annotations
@@ -86,8 +87,6 @@ def test_device_cache_keep_moves_a_tree_path_like_numpy() -> None:
         want[:, :, 20:25] = array[:, :, src]
         np.testing.assert_array_equal(value.numpy(), want)
     assert isinstance(cache.values[0], ort.OrtValue)
-
-
 
 
 def test_decoder_on_the_gpu_follows_the_cpu_step_by_step(tmp_path) -> None:
