@@ -18,8 +18,11 @@ mkdir -p "$OUT"
 site=/tmp/edge-site
 # The parts of benchmarks/gpu/pack_carry.sh: the first two copied to /tmp by earlier calls, the last one carried.
 if [ -f .gpu/p/p.02 ] && [ ! -f /tmp/edge-parts.done ]; then
-  cat /tmp/p.00 /tmp/p.01 .gpu/p/p.02 | tar xf - && (cd .gpu && sha256sum -c --quiet smollm2.sha256) \
-    && cp .gpu/smollm2.gguf /tmp/smollm2.gguf && touch /tmp/edge-parts.done || { echo "the carried parts are incomplete"; exit 1; }
+  if ! { cat /tmp/p.00 /tmp/p.01 .gpu/p/p.02 | tar xf - && (cd .gpu && sha256sum -c --quiet smollm2.sha256); }; then
+    echo "the carried parts are incomplete: copy .gpu/p/p.00 and p.01 to /tmp first (benchmarks/gpu/README.md)"
+    exit 1
+  fi
+  cp .gpu/smollm2.gguf /tmp/smollm2.gguf && touch /tmp/edge-parts.done
 fi
 if [ -f .gpu/ortgpu.tar.xz ] && [ ! -d $site/onnxruntime ]; then
   mkdir -p $site && tar xJf .gpu/ortgpu.tar.xz -C $site || exit 1
