@@ -127,6 +127,31 @@ def test_inputs_reach_a_session_that_copies_them_at_binding():
         assert any(stale) == in_place  # in place, a copying session would read the first step's tokens again
 
 
+def test_binding_every_input_every_step_gives_the_same_logits(tmp_path):
+    """The GPU's path (every per-step input bound every step) run on the CPU: bitwise the CPU path's logits over
+    steps of changing shapes, tree biases and revisited shapes."""
+    _, imported = tiny_llama(seed=8)
+    decoder = make_decoder(tmp_path, imported)
+    rebinding = Decoder(decoder.package, context_length=64, threads=1)
+    rebinding.device = "gpu-like"  # read by the first step's bindings: in_place=False
+    rng = np.random.default_rng(8)
+    past = 0
+    for size, rows in [(5, None), (1, None), (3, [0, 1, 2]), (1, None), (3, [0, 1, 2]), (2, [1]), (1, None)]:
+        new = [int(t) for t in rng.integers(0, 96, size)]
+        bias = None
+        if size == 3:  # a tree: node 2 a sibling of node 1
+            bias = np.full((1, 1, 3, past + 3), MASKED, np.float32)
+            bias[..., :past] = 0.0
+            for i, path in enumerate([[0], [0, 1], [0, 2]]):
+                bias[0, 0, i, [past + j for j in path]] = 0.0
+        positions = [past, past + 1, past + 1] if size == 3 else None
+        want = decoder.step(new, positions, rows, bias).copy()
+        got = rebinding.step(new, positions, rows, bias)
+        assert np.array_equal(got, want), (size, past)
+        past += size
+    assert all(not b.inputs.in_place for b in rebinding._bindings.values())
+
+
 def test_tree_step_equals_each_branch_decoded_alone(tmp_path):
     """A flattened two-branch tree verified in one call gives each node the logits of its own path."""
     model, imported = tiny_llama(seed=5)
