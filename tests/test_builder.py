@@ -124,7 +124,7 @@ def test_inputs_reach_a_session_that_copies_them_at_binding():
             seen = binding.seen
             stale.append(seen["input_ids"].tolist() != [tokens] or seen["position_ids"][0, 0] != past
                          or int(seen["total_sequence_length"]) != past + len(tokens))
-        assert any(stale) == in_place  # in place, a copying session would read the first step's tokens again
+        assert any(stale) == in_place  # bound in place, a copying session keeps an earlier step's values
 
 
 def test_binding_every_input_every_step_gives_the_same_logits(tmp_path):
