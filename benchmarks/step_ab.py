@@ -12,13 +12,15 @@ the 1-token step. Build a library to compare with `python kernels/build.py --no-
 kernels/libedge_kernels.so away first.
 
     python benchmarks/step_ab.py A.so B.so --paired [--pairs 150] [--past 200]
+    python benchmarks/step_ab.py PACKAGE_A PACKAGE_B --paired   # two exports of the model, the same library
 
 --paired: both libraries in one process, an engine each (EDGE_SPIN=run, so the idle engine's workers do not spin on
 the cores the other needs), their steps alternating A, B, A, B at each size, each timed step after a transition
 step of its own. Prints per size the median of B/A over the pairs: a pair is ~20 ms apart, so the machine's pace,
 which drifts over seconds (1-token steps of 3.8 to 8.2 ms within an hour on the Intel Xeon of sessions 17-20),
 cancels out. Naming one library twice shows the method's resolution: medians of B/A 0.997-1.008 at every size on
-that Xeon at 150 pairs (under a minute), against run-to-run swings of 5-10% in the fresh-process mode.
+that Xeon at 150 pairs (under a minute), against run-to-run swings of 5-10% in the fresh-process mode. A folder
+(a package: manifest.json inside) in place of a library compares two graphs of the model on the installed library.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ import json, os, shutil, sys, tempfile, time
 from edge.default_model import default_package
 from edge.engine import Engine
 
-def ready_decoder(past):
-    engine = Engine(default_package("int4-edge"), threads=2)
+def ready_decoder(past, package=None):
+    engine = Engine(package or default_package("int4-edge"), threads=2)
     engine.generate("Hello there", max_tokens=4)
     decoder = engine.decoder
     decoder.step([j % 1000 + 5 for j in range(past - decoder.cache.length)])
@@ -72,6 +74,9 @@ os.environ["EDGE_SPIN"] = "run"
 folder = tempfile.mkdtemp()
 decoders = []
 for i, library in enumerate(libraries):
+    if os.path.isdir(library):  # a package on the installed library
+        decoders.append(ready_decoder(past, library))
+        continue
     copy = os.path.join(folder, f"lib{i}.so")  # a path of its own: the same file twice would be loaded once
     shutil.copy(library, copy)
     os.environ["EDGE_KERNELS_LIBRARY"] = copy

@@ -16,6 +16,7 @@ Only R logits rows are computed: a 200-token prefill needs one row, not 200 x vo
 Ops are ONNX Runtime's fused contrib ops: GroupQueryAttention (rotary inside, KV in place, tree bias),
 SkipSimplifiedLayerNormalization (residual add + RMSNorm in one pass), MatMulNBits for low-bit weights and
 GatherBlockQuantized for a quantized (tied) embedding. q/k/v and gate/up projections are fused into one matmul each.
+On edge's kernels (BuildOptions.kernels="edge") the norms that feed a matmul run inside its edge.QMatMul node.
 """
 
 from __future__ import annotations
@@ -165,6 +166,9 @@ class BuildOptions:
     # Kept layer indices (ascending) for a graph over a subset of the layers (the skip-layer self-draft); None: all.
     # The kept layers' cache inputs/outputs are numbered 0..len-1 in order, so the runtime runs it like any model.
     layers: tuple[int, ...] | None = None
+    # kernels="edge": RMSNorms that feed an edge.QMatMul run inside it (kernels/graph.py: fuse_norms); 60 fewer nodes
+    # for SmolLM2 (kernels/README.md: measured with benchmarks/step_ab.py on two exports)
+    fuse_norms: bool = True
 
 
 @dataclass
@@ -471,6 +475,10 @@ class DecoderBuilder:
         self.g.nodes.append(helper.make_node("Identity", [head(picked)], ["logits"], name="logits"))
         # the rows the head read: what a draft head (export/draft_head.py) continues from
         self.g.nodes.append(helper.make_node("Identity", [picked], ["hidden"], name="hidden"))
+        if self.opt.kernels == "edge" and self.opt.fuse_norms:
+            from edge.kernels.graph import fuse_norms
+
+            self.g.nodes = fuse_norms(self.g.nodes, {"logits", "hidden"})
         progress(1)
         return self.model()
 

@@ -121,6 +121,10 @@ class LayerBuilder(DecoderBuilder):
             hidden, residual = self.skip_rms_norm(attn, "hidden", f"{p}post_attention_layernorm.weight")
             out = self.mlp(i, hidden)
         self.g.node("Add", [out, residual], outputs=["hidden_out"], name="residual")
+        if self.opt.kernels == "edge" and self.opt.fuse_norms:  # as the resident graph's (DecoderBuilder.build)
+            from edge.kernels.graph import fuse_norms
+
+            self.g.nodes = fuse_norms(self.g.nodes, {"hidden_out"})
         used = {n for node in self.g.nodes for n in node.input}
         self.g.initializers = [t for t in self.g.initializers if t.name in used]  # the other rope base's caches
         names = {f"past_key.{i}": "past_key", f"past_value.{i}": "past_value",

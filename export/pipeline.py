@@ -266,7 +266,7 @@ def qmatmul_runtime_bits(graph: Path) -> tuple[float, bool]:
         attrs = {a.name: a.i for a in node.attribute}
         weights += attrs["K"] * attrs["N"]
         mins = mins or (len(node.input) > 8 and node.input[8] != "")
-        for name in node.input[1:]:
+        for name in node.input[1:12]:  # the weight's tensors: not the norm's skip and weight (inputs 12, 13)
             if name in sizes and not name.endswith(".bias"):
                 t = sizes[name]
                 count = int(np.prod(t.dims)) if t.dims else 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -33,6 +35,64 @@ def qmatmul_node(x: str, y: str, packed: PackedWeight, prefix: str, has_bias: bo
     if gated:
         attributes["activation"] = gated
     return helper.make_node(OP_TYPE, [x, *names], [y], domain=DOMAIN, name=f"{prefix}.qmatmul", **attributes)
+
+
+# onnxruntime's RMSNorm ops and whether they take a skip (the residual stream: normed(x + skip), output 3 x + skip)
+NORM_OPS = {"SimplifiedLayerNormalization": False, "SkipSimplifiedLayerNormalization": True}
+NORM_INPUTS = 12  # edge.QMatMul's inputs before its norm's skip and norm_weight
+
+
+def fuse_norms(nodes: list[onnx.NodeProto], graph_outputs: set[str]) -> list[onnx.NodeProto]:
+    """The node list with each RMSNorm whose normed rows only an edge.QMatMul reads moved into that QMatMul (its
+    norm_epsilon mode: inputs skip and norm_weight, output 1 the residual x + skip).
+
+    Why: nearly every matmul of a decoder layer reads a norm of the residual stream, and each node costs onnxruntime's
+    dispatch (a GPU's is a host-side launch of ~10 us, most of a small model's step there). The fused node takes the
+    norm's place in the list: its other inputs are weights, and what reads the residual comes after the norm.
+    Norms whose mean or inverse deviation is read, with a bias, or over another axis stay as they are."""
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in nodes:
+        for index, name in enumerate(node.input):
+            if name:
+                readers[name].append((node, index))
+    replace: dict[int, onnx.NodeProto] = {}  # id(norm) -> the fused QMatMul
+    for norm in nodes:
+        user = _fusable_user(norm, readers, graph_outputs)
+        if user is not None:
+            replace[id(norm)] = _fused(norm, user)
+            replace[id(user)] = None
+    return [replace.get(id(n), n) for n in nodes if replace.get(id(n), n) is not None]
+
+
+def _fusable_user(norm: onnx.NodeProto, readers, graph_outputs: set[str]) -> onnx.NodeProto | None:
+    skip = NORM_OPS.get(norm.op_type)
+    if skip is None or norm.domain not in ("", "com.microsoft"):
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in norm.attribute}
+    if attrs.get("axis", -1) != -1 or (skip and len(norm.input) > 3 and norm.input[3]):
+        return None
+    if any(name and (readers[name] or name in graph_outputs) for name in norm.output[1:3]):
+        return None
+    users = readers[norm.output[0]]
+    if norm.output[0] in graph_outputs or len(users) != 1:
+        return None
+    user, index = users[0]
+    if index != 0 or user.op_type != OP_TYPE or user.domain != DOMAIN or len(user.input) > NORM_INPUTS:
+        return None
+    return user
+
+
+def _fused(norm: onnx.NodeProto, user: onnx.NodeProto) -> onnx.NodeProto:
+    skip = NORM_OPS[norm.op_type]
+    inputs = [norm.input[0], *user.input[1:]] + [""] * (NORM_INPUTS - len(user.input))
+    inputs += [norm.input[1], norm.input[2]] if skip else ["", norm.input[1]]
+    outputs = [user.output[0]]
+    if skip:  # the kernel writes x + skip whenever it has a skip: an unread residual still gets a name
+        outputs.append(norm.output[3] if len(norm.output) > 3 and norm.output[3] else f"{user.name}/residual")
+    epsilon = next((helper.get_attribute_value(a) for a in norm.attribute if a.name == "epsilon"), 1e-5)
+    node = helper.make_node(OP_TYPE, inputs, outputs, name=user.name, domain=DOMAIN, norm_epsilon=float(epsilon))
+    node.attribute.extend(user.attribute)
+    return node
 
 
 def qmatmul_tensors(packed: PackedWeight, prefix: str, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:

@@ -53,6 +53,7 @@ bool bind_api(const OrtApi* api) {
   bind(g_ort.KernelInfoGetAttribute_float, t, kSlotKernelInfoGetAttributeFloat, c);
   bind(g_ort.KernelInfoGetAttribute_int64, t, kSlotKernelInfoGetAttributeInt64, c);
   bind(g_ort.KernelContext_GetInputCount, t, kSlotKernelContextGetInputCount, c);
+  bind(g_ort.KernelContext_GetOutputCount, t, kSlotKernelContextGetOutputCount, c);
   bind(g_ort.KernelContext_GetInput, t, kSlotKernelContextGetInput, c);
   bind(g_ort.KernelContext_GetOutput, t, kSlotKernelContextGetOutput, c);
   bind(g_ort.ReleaseStatus, t, kSlotReleaseStatus, c);
@@ -193,7 +194,7 @@ OrtCustomOp make_custom_op(const CustomOpSpec& spec) {
   op.KernelCompute = spec.compute_v1;
   op.KernelDestroy = spec.destroy;
   op.GetInputCharacteristic = spec.input_characteristic;
-  op.GetOutputCharacteristic = required;
+  op.GetOutputCharacteristic = spec.output_characteristic != nullptr ? spec.output_characteristic : required;
   op.GetInputMemoryType = spec.input_memory != nullptr ? spec.input_memory : default_memory;
   op.GetVariadicInputMinArity = no_variadic;
   op.GetVariadicInputHomogeneity = no_variadic;

@@ -32,6 +32,7 @@ enum OrtSlot : int {
   kSlotKernelInfoGetAttributeFloat = 85,
   kSlotKernelInfoGetAttributeInt64 = 86,
   kSlotKernelContextGetInputCount = 88,
+  kSlotKernelContextGetOutputCount = 89,
   kSlotKernelContextGetInput = 90,
   kSlotKernelContextGetOutput = 91,
   kSlotReleaseStatus = 93,
@@ -60,6 +61,7 @@ struct OrtApiFns {
   OrtStatus* (*KernelInfoGetAttribute_float)(const OrtKernelInfo* info, const char* name, float* out);
   OrtStatus* (*KernelInfoGetAttribute_int64)(const OrtKernelInfo* info, const char* name, int64_t* out);
   OrtStatus* (*KernelContext_GetInputCount)(const OrtKernelContext* ctx, size_t* out);
+  OrtStatus* (*KernelContext_GetOutputCount)(const OrtKernelContext* ctx, size_t* out);
   OrtStatus* (*KernelContext_GetInput)(const OrtKernelContext* ctx, size_t index, const OrtValue** out);
   OrtStatus* (*KernelContext_GetOutput)(OrtKernelContext* ctx, size_t index, const int64_t* dims, size_t count,
                                         OrtValue** out);
@@ -96,7 +98,7 @@ struct TensorView {
 OrtStatus* view_input(OrtKernelContext* ctx, size_t index, size_t count, TensorView* v);
 
 // What differs between edge's ops. make_custom_op() fills the rest of the version-17 struct the same way for all:
-// every output required, no variadic arguments, and a version-1
+// no variadic arguments, and a version-1
 // CreateKernel that calls `create` (runtimes of this API version call the V2 entries; v1 is kept for safety).
 struct CustomOpSpec {
   const char* (*name)(const OrtCustomOp*);
@@ -112,6 +114,7 @@ struct CustomOpSpec {
   // Where each input must be (0: the provider's memory; kOrtMemTypeCPUInput: the host); nullptr: all 0.
   int (*input_memory)(const OrtCustomOp*, size_t) = nullptr;
   int (*output_type)(const OrtCustomOp*, size_t) = nullptr;  // nullptr: every output float32
+  int (*output_characteristic)(const OrtCustomOp*, size_t) = nullptr;  // nullptr: every output required
 };
 
 constexpr int kOrtMemTypeCPUInput = -2;

@@ -6,7 +6,8 @@ namespace edge {
 namespace {
 
 const char* kInputNames[] = {"X", "codes", "scales", "zeros", "bias", "outlier_values", "outlier_cols",
-                             "outlier_row_ptr", "mins", "scale_stats", "zero_stats", "stat_rows"};
+                             "outlier_row_ptr", "mins", "scale_stats", "zero_stats", "stat_rows", "skip",
+                             "norm_weight"};
 
 std::string type_error(size_t index, int got, const char* want) {
   return std::string("input '") + kInputNames[index] + "' has element type " + std::to_string(got) + ", expected " +
@@ -37,7 +38,21 @@ std::string check_two_level(const TensorView* in, const QMatMulArgs& a, const st
   return "";
 }
 
+// Inputs 12-13 (the norm mode): norm_weight (K,) float32, skip shaped as X; both only with norm_epsilon.
+std::string check_norm(const QMatMulKernel& k, const TensorView* in) {
+  const bool skip = in[12].value != nullptr, weight = in[13].value != nullptr;
+  if (!k.norm) return skip || weight ? "inputs 'skip' and 'norm_weight' need the attribute norm_epsilon" : "";
+  if (in[0].type != kOrtFloat) return "the norm (attribute norm_epsilon) needs float32 X";
+  if (!weight) return "the norm (attribute norm_epsilon) needs input 'norm_weight'";
+  if (in[13].type != kOrtFloat) return type_error(13, in[13].type, "float32");
+  if (in[13].count != k.K) return size_error(13, in[13].count, k.K, "one weight per input column");
+  if (skip && in[12].type != kOrtFloat) return type_error(12, in[12].type, "float32");
+  if (skip && in[12].dims != in[0].dims) return "input 'skip' must have X's shape";
+  return "";
+}
+
 std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) {
+  if (std::string err = check_norm(k, in); !err.empty()) return err;
   const TensorView& x = in[0];
   if (x.type != kOrtFloat && x.type != kOrtFloat16) return type_error(0, x.type, "float32 or float16");
   if (x.dims.empty() || x.dims.back() != k.K)
@@ -140,6 +155,21 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
   if (OrtStatus* st = g_ort.GetTensorMutableData(y, &y_data)) return st;
   if (half) out->y16 = static_cast<uint16_t*>(y_data);
   else a.y = static_cast<float*>(y_data);
+  if (k.norm) {
+    out->norm_weight = static_cast<const float*>(in[13].data);
+    if (in[12].value != nullptr) {  // then the node has output 1: X + skip, the residual stream going on
+      out->skip = static_cast<const float*>(in[12].data);
+      size_t outputs = 0;
+      if (OrtStatus* st = g_ort.KernelContext_GetOutputCount(ctx, &outputs)) return st;
+      if (outputs < 2)
+        return make_status(kOrtInvalidArgument, "edge.QMatMul: with input 'skip' the node needs output 1 (X + skip)");
+      OrtValue* sum = nullptr;
+      if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 1, in[0].dims.data(), in[0].dims.size(), &sum)) return st;
+      void* sum_data = nullptr;
+      if (OrtStatus* st = g_ort.GetTensorMutableData(sum, &sum_data)) return st;
+      out->sum = static_cast<float*>(sum_data);
+    }
+  }
   return nullptr;
 }
 

@@ -10,13 +10,16 @@
 
 namespace edge {
 
-constexpr size_t kQMatMulInputs = 12;  // X, codes, scales, zeros, bias, 3 outlier arrays, mins, 3 two-level inputs
+// X, codes, scales, zeros, bias, 3 outlier arrays, mins, 3 two-level inputs, and the norm's skip and norm_weight
+constexpr size_t kQMatMulInputs = 14;
 
 struct QMatMulKernel {
   int64_t K = 0, N = 0, group = 0;
   int bits = 0;
   int digits = 3;  // 1 with accuracy_level 4 (int8 activations in the VNNI kernels; other kernels stay fp32)
   int gated = 0;  // attribute activation: 1 silu(gate) * up, 2 gelu_tanh(gate) * up (QMatMulArgs::gated)
+  bool norm = false;  // attribute norm_epsilon given: X (+ skip) is RMS-normalised first (rms_norm.h)
+  float norm_epsilon = 0.0f;
 };
 
 struct BoundTensors {
@@ -25,6 +28,11 @@ struct BoundTensors {
   // float16 X and Y (the op's float16 registration): args.x and args.y stay null, the kernel converts.
   const uint16_t* x16 = nullptr;
   uint16_t* y16 = nullptr;
+  // The norm mode (QMatMulKernel::norm): args.x is X itself until the EP's compute normalises it into a buffer of
+  // its own and points args.x there. skip and sum (output 1, X + skip) are null when the node has no skip input.
+  const float* skip = nullptr;
+  const float* norm_weight = nullptr;
+  float* sum = nullptr;
 };
 
 // Read, type-check and size-check all inputs, allocate the output, and fill args (layout fields included).

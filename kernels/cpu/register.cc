@@ -15,7 +15,10 @@
 //   9-11       optional SpQR two-level statistics (QMatMulArgs): scale_stats float16 (R, G, 2), zero_stats float16
 //              (R, G, 2), stat_rows int32 (2 * ceil(N/8)); with scale_stats, scales are uint8 codes, and with
 //              zero_stats, zeros are uint8 codes of float zero points
-// Output Y (..., N).
+//   12 skip    optional, float32 like X; only with the attribute norm_epsilon (float): the residual stream
+//   13 norm_weight  float32 (K,), required with norm_epsilon: Y = RMSNorm(X + skip) W^T, the norm a decoder layer
+//              runs before the matmul (rms_norm.h)
+// Outputs Y (..., N), and with skip, output 1: X + skip (..., K).
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -25,6 +28,7 @@
 #include "ort_api.h"
 #include "qmatmul.h"
 #include "qmatmul_op.h"
+#include "rms_norm.h"
 
 namespace edge {
 
@@ -32,7 +36,7 @@ namespace {
 
 int input_type(const OrtCustomOp*, size_t index) {
   switch (index) {
-    case 0: case 4: return kOrtFloat;
+    case 0: case 4: case 12: case 13: return kOrtFloat;
     case 1: return kOrtUint8;
     case 2: case 3: case 8: return kOrtUndefined;  // scales float32, float16 or uint8 codes; zeros uint8 or float32
     case 5: case 9: case 10: return kOrtFloat16;
@@ -42,8 +46,9 @@ int input_type(const OrtCustomOp*, size_t index) {
 int input_type_f16(const OrtCustomOp* op, size_t index) { return index == 0 ? kOrtFloat16 : input_type(op, index); }
 int output_type_f16(const OrtCustomOp*, size_t) { return kOrtFloat16; }
 size_t input_count(const OrtCustomOp*) { return kQMatMulInputs; }
-size_t output_count(const OrtCustomOp*) { return 1; }
+size_t output_count(const OrtCustomOp*) { return 2; }
 int input_characteristic(const OrtCustomOp*, size_t index) { return index < 3 ? kOrtRequired : kOrtOptional; }
+int output_characteristic(const OrtCustomOp*, size_t index) { return index == 0 ? kOrtRequired : kOrtOptional; }
 const char* op_name(const OrtCustomOp*) { return "QMatMul"; }
 const char* cpu_provider(const OrtCustomOp*) { return nullptr; }
 
@@ -77,6 +82,13 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
     }
     k->gated = static_cast<int>(activation);
   }
+  if (st == nullptr) {  // optional: present, the norm mode (inputs skip and norm_weight)
+    if (OrtStatus* missing = g_ort.KernelInfoGetAttribute_float(info, "norm_epsilon", &k->norm_epsilon)) {
+      g_ort.ReleaseStatus(missing);
+    } else {
+      k->norm = true;
+    }
+  }
   k->bits = static_cast<int>(bits);
   if (st == nullptr) {
     std::string err;
@@ -89,6 +101,8 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
       err = "accuracy_level must be 0 (float activations) or 4 (int8 activations), got " + std::to_string(accuracy);
     else if (activation < 0 || activation > 2)
       err = "activation must be 0 (none), 1 (silu-gated) or 2 (gelu_tanh-gated), got " + std::to_string(activation);
+    else if (k->norm && !(k->norm_epsilon >= 0.0f))
+      err = "norm_epsilon must be >= 0, got " + std::to_string(k->norm_epsilon);
     else if (activation != 0 && k->N % 8 != 0)
       err = "a gated activation needs N to be a multiple of 8 (tiles of 4 gate and 4 up rows)";
     if (!err.empty()) st = make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
@@ -226,6 +240,12 @@ OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
     return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
   if (std::string err = validate_stat_rows_host(a); !err.empty())
     return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
+  thread_local std::vector<float> normed;  // the norm mode's input rows
+  if (k->norm) {
+    normed.resize(static_cast<size_t>(a.M * a.K));
+    rms_norm_rows(a.x, t.skip, t.norm_weight, k->norm_epsilon, a.M, a.K, t.sum, normed.data());
+    a.x = normed.data();
+  }
   thread_local std::vector<float> x32, y32;  // float16 X and Y: widened on entry, rounded once on exit
   if (t.x16 != nullptr) {
     x32.resize(static_cast<size_t>(a.M * a.K));
@@ -248,7 +268,7 @@ OrtCustomOp make_qmatmul_op(const char* (*provider)(const OrtCustomOp*),
                             void (*compute_v1_fn)(void*, OrtKernelContext*), bool half) {
   return make_custom_op({op_name, provider, half ? input_type_f16 : input_type, input_count, output_count,
                          input_characteristic, create_kernel, destroy_kernel, compute, compute_v1_fn, nullptr,
-                         half ? output_type_f16 : nullptr});
+                         half ? output_type_f16 : nullptr, output_characteristic});
 }
 
 namespace {
