@@ -60,6 +60,7 @@ bool bind_api(const OrtApi* api) {
   bind(g_ort.ReleaseTensorTypeAndShapeInfo, t, kSlotReleaseTensorTypeAndShapeInfo, c);
   bind(g_ort.ReleaseCustomOpDomain, t, kSlotReleaseCustomOpDomain, c);
   bind(g_ort.KernelContext_GetGPUComputeStream, t, kSlotKernelContextGetGPUComputeStream, c);
+  bind(g_ort.KernelInfoGetConstantInput_tensor, t, kSlotKernelInfoGetConstantInputTensor, c);
   bind(g_ort.KernelContext_ParallelFor, t, kSlotKernelContextParallelFor, c);
   return true;
 }
@@ -163,6 +164,23 @@ OrtStatus* view_input(OrtKernelContext* ctx, size_t index, size_t count, TensorV
   v->value = const_cast<OrtValue*>(value);
   if (OrtStatus* st = describe(value, v)) return st;
   return g_ort.GetTensorMutableData(v->value, &v->data);
+}
+
+void view_constant(const OrtKernelInfo* info, size_t index, TensorView* v) {
+  int constant = 0;
+  const OrtValue* value = nullptr;
+  OrtStatus* st = g_ort.KernelInfoGetConstantInput_tensor(info, index, &constant, &value);
+  if (st == nullptr && constant && value != nullptr) {
+    v->value = const_cast<OrtValue*>(value);
+    st = describe(value, v);
+    if (st == nullptr) st = g_ort.GetTensorMutableData(v->value, &v->data);
+  }
+  if (st != nullptr) {
+    g_ort.ReleaseStatus(st);
+    *v = TensorView();
+  } else if (!constant || value == nullptr) {
+    *v = TensorView();
+  }
 }
 
 namespace {

@@ -39,6 +39,7 @@ enum OrtSlot : int {
   kSlotReleaseTensorTypeAndShapeInfo = 99,
   kSlotReleaseCustomOpDomain = 101,
   kSlotKernelContextGetGPUComputeStream = 193,
+  kSlotKernelInfoGetConstantInputTensor = 249,
   kSlotKernelContextParallelFor = 274,
 };
 
@@ -69,6 +70,8 @@ struct OrtApiFns {
   void (*ReleaseTensorTypeAndShapeInfo)(OrtTensorTypeAndShapeInfo* info);
   void (*ReleaseCustomOpDomain)(OrtCustomOpDomain* domain);
   OrtStatus* (*KernelContext_GetGPUComputeStream)(const OrtKernelContext* ctx, void** out);
+  OrtStatus* (*KernelInfoGetConstantInput_tensor)(const OrtKernelInfo* info, size_t index, int* is_constant,
+                                                const OrtValue** out);
   OrtStatus* (*KernelContext_ParallelFor)(const OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t total,
                                           size_t num_batch, void* user_data);
 };
@@ -96,6 +99,10 @@ struct TensorView {
 
 // Describe input `index` of the `count` the kernel got; absent or past the end leaves `v` empty.
 OrtStatus* view_input(OrtKernelContext* ctx, size_t index, size_t count, TensorView* v);
+
+// Describe input `index` when it is a constant initializer (at kernel creation: its value lives as long as the
+// kernel); otherwise `v` stays empty. Never fails: an input it cannot describe is simply not constant.
+void view_constant(const OrtKernelInfo* info, size_t index, TensorView* v);
 
 // What differs between edge's ops. make_custom_op() fills the rest of the version-17 struct the same way for all:
 // no variadic arguments, and a version-1

@@ -20,75 +20,75 @@ std::string size_error(size_t index, int64_t got, int64_t want, const std::strin
 }
 
 // Inputs 9-11 (SpQR's second level): scale_stats needs stat_rows; zero_stats needs scale_stats and uint8 zeros.
-std::string check_two_level(const TensorView* in, const QMatMulArgs& a, const std::string& layout) {
-  const bool scale_stats = in[9].value != nullptr, zero_stats = in[10].value != nullptr;
-  if (!scale_stats) return zero_stats || in[11].value != nullptr ? "zero_stats and stat_rows need scale_stats" : "";
-  if (in[9].type != kOrtFloat16) return type_error(9, in[9].type, "float16");
-  if (in[9].count == 0 || in[9].count % (a.G * 2) != 0)
-    return size_error(9, in[9].count, a.G * 2, "a multiple of 2 * groups: (rows, groups, 2) base and step, " + layout);
-  if (in[11].value == nullptr) return "scale_stats need stat_rows (the stat row of each half tile)";
-  if (in[11].type != kOrtInt32) return type_error(11, in[11].type, "int32");
-  if (in[11].count != a.tiles * 2) return size_error(11, in[11].count, a.tiles * 2, "two per tile of 8 columns");
-  if (in[8].value != nullptr) return "mins do not combine with two-level statistics";
+std::string check_two_level(const TensorView* const* in, const QMatMulArgs& a, const std::string& layout) {
+  const bool scale_stats = in[9]->value != nullptr, zero_stats = in[10]->value != nullptr;
+  if (!scale_stats) return zero_stats || in[11]->value != nullptr ? "zero_stats and stat_rows need scale_stats" : "";
+  if (in[9]->type != kOrtFloat16) return type_error(9, in[9]->type, "float16");
+  if (in[9]->count == 0 || in[9]->count % (a.G * 2) != 0)
+    return size_error(9, in[9]->count, a.G * 2, "a multiple of 2 * groups: (rows, groups, 2) base and step, " + layout);
+  if (in[11]->value == nullptr) return "scale_stats need stat_rows (the stat row of each half tile)";
+  if (in[11]->type != kOrtInt32) return type_error(11, in[11]->type, "int32");
+  if (in[11]->count != a.tiles * 2) return size_error(11, in[11]->count, a.tiles * 2, "two per tile of 8 columns");
+  if (in[8]->value != nullptr) return "mins do not combine with two-level statistics";
   if (zero_stats) {
-    if (in[10].type != kOrtFloat16) return type_error(10, in[10].type, "float16");
-    if (in[10].count != in[9].count) return size_error(10, in[10].count, in[9].count, "as many as scale_stats");
-    if (in[3].value == nullptr || in[3].type != kOrtUint8) return "zero_stats need zeros as uint8 codes";
+    if (in[10]->type != kOrtFloat16) return type_error(10, in[10]->type, "float16");
+    if (in[10]->count != in[9]->count) return size_error(10, in[10]->count, in[9]->count, "as many as scale_stats");
+    if (in[3]->value == nullptr || in[3]->type != kOrtUint8) return "zero_stats need zeros as uint8 codes";
   }
   return "";
 }
 
 // Inputs 12-13 (the norm mode): norm_weight (K,) float32, skip shaped as X; both only with norm_epsilon.
-std::string check_norm(const QMatMulKernel& k, const TensorView* in) {
-  const bool skip = in[12].value != nullptr, weight = in[13].value != nullptr;
+std::string check_norm(const QMatMulKernel& k, const TensorView* const* in) {
+  const bool skip = in[12]->value != nullptr, weight = in[13]->value != nullptr;
   if (!k.norm) return skip || weight ? "inputs 'skip' and 'norm_weight' need the attribute norm_epsilon" : "";
-  if (in[0].type != kOrtFloat) return "the norm (attribute norm_epsilon) needs float32 X";
+  if (in[0]->type != kOrtFloat) return "the norm (attribute norm_epsilon) needs float32 X";
   if (!weight) return "the norm (attribute norm_epsilon) needs input 'norm_weight'";
-  if (in[13].type != kOrtFloat) return type_error(13, in[13].type, "float32");
-  if (in[13].count != k.K) return size_error(13, in[13].count, k.K, "one weight per input column");
-  if (skip && in[12].type != kOrtFloat) return type_error(12, in[12].type, "float32");
-  if (skip && in[12].dims != in[0].dims) return "input 'skip' must have X's shape";
+  if (in[13]->type != kOrtFloat) return type_error(13, in[13]->type, "float32");
+  if (in[13]->count != k.K) return size_error(13, in[13]->count, k.K, "one weight per input column");
+  if (skip && in[12]->type != kOrtFloat) return type_error(12, in[12]->type, "float32");
+  if (skip && in[12]->dims != in[0]->dims) return "input 'skip' must have X's shape";
   return "";
 }
 
-std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) {
+std::string check(const QMatMulKernel& k, const TensorView* const* in, QMatMulArgs& a) {
   if (std::string err = check_norm(k, in); !err.empty()) return err;
-  const TensorView& x = in[0];
+  const TensorView& x = *in[0];
   if (x.type != kOrtFloat && x.type != kOrtFloat16) return type_error(0, x.type, "float32 or float16");
   if (x.dims.empty() || x.dims.back() != k.K)
     return "input 'X' must have last dimension K=" + std::to_string(k.K);
-  if (in[1].type != kOrtUint8) return type_error(1, in[1].type, "uint8");
+  if (in[1]->type != kOrtUint8) return type_error(1, in[1]->type, "uint8");
   const std::string layout = "N=" + std::to_string(k.N) + ", K=" + std::to_string(k.K) + ", bits=" +
                              std::to_string(k.bits) + ", group_size=" + std::to_string(k.group);
   if (std::string err = check_two_level(in, a, layout); !err.empty()) return err;
-  const bool two_level = in[9].value != nullptr;
-  if (two_level && in[2].type != kOrtUint8) return type_error(2, in[2].type, "uint8 (codes, with scale_stats)");
-  if (!two_level && in[2].type != kOrtFloat && in[2].type != kOrtFloat16)
-    return type_error(2, in[2].type, "float32 or float16");
-  if (in[1].count != a.tiles * a.tile_bytes) return size_error(1, in[1].count, a.tiles * a.tile_bytes, layout);
+  const bool two_level = in[9]->value != nullptr;
+  if (two_level && in[2]->type != kOrtUint8) return type_error(2, in[2]->type, "uint8 (codes, with scale_stats)");
+  if (!two_level && in[2]->type != kOrtFloat && in[2]->type != kOrtFloat16)
+    return type_error(2, in[2]->type, "float32 or float16");
+  if (in[1]->count != a.tiles * a.tile_bytes) return size_error(1, in[1]->count, a.tiles * a.tile_bytes, layout);
   const int64_t per_group = a.tiles * a.G * 8;
-  if (in[2].count != per_group) return size_error(2, in[2].count, per_group, layout);
-  if (in[3].value != nullptr) {
-    if (in[3].type != kOrtUint8 && in[3].type != kOrtFloat) return type_error(3, in[3].type, "uint8 or float32");
-    if (in[3].count != per_group) return size_error(3, in[3].count, per_group, layout);
+  if (in[2]->count != per_group) return size_error(2, in[2]->count, per_group, layout);
+  if (in[3]->value != nullptr) {
+    if (in[3]->type != kOrtUint8 && in[3]->type != kOrtFloat) return type_error(3, in[3]->type, "uint8 or float32");
+    if (in[3]->count != per_group) return size_error(3, in[3]->count, per_group, layout);
   }
-  if (in[8].value != nullptr) {
-    if (in[3].value != nullptr) return "give zeros or mins, not both (W = (code - zero) * scale or code * scale + min)";
-    if (in[8].type != kOrtFloat && in[8].type != kOrtFloat16) return type_error(8, in[8].type, "float32 or float16");
-    if (in[8].count != per_group) return size_error(8, in[8].count, per_group, layout);
+  if (in[8]->value != nullptr) {
+    if (in[3]->value != nullptr) return "give zeros or mins, not both (W = (code - zero) * scale or code * scale + min)";
+    if (in[8]->type != kOrtFloat && in[8]->type != kOrtFloat16) return type_error(8, in[8]->type, "float32 or float16");
+    if (in[8]->count != per_group) return size_error(8, in[8]->count, per_group, layout);
   }
-  if (in[4].value != nullptr) {
-    if (in[4].type != kOrtFloat) return type_error(4, in[4].type, "float32");
-    if (in[4].count != k.N) return size_error(4, in[4].count, k.N, "one bias per output column");
+  if (in[4]->value != nullptr) {
+    if (in[4]->type != kOrtFloat) return type_error(4, in[4]->type, "float32");
+    if (in[4]->count != k.N) return size_error(4, in[4]->count, k.N, "one bias per output column");
   }
-  const int present = (in[5].value != nullptr) + (in[6].value != nullptr) + (in[7].value != nullptr);
+  const int present = (in[5]->value != nullptr) + (in[6]->value != nullptr) + (in[7]->value != nullptr);
   if (present != 0 && present != 3) return "outliers need all three inputs: values, columns and row_ptr";
   if (present == 3) {
-    if (in[5].type != kOrtFloat16) return type_error(5, in[5].type, "float16");
-    if (in[6].type != kOrtInt32) return type_error(6, in[6].type, "int32");
-    if (in[7].type != kOrtInt32) return type_error(7, in[7].type, "int32");
-    if (in[6].count != in[5].count) return size_error(6, in[6].count, in[5].count, "one column per outlier value");
-    if (in[7].count != k.N + 1) return size_error(7, in[7].count, k.N + 1, "CSR row pointer of N+1 entries");
+    if (in[5]->type != kOrtFloat16) return type_error(5, in[5]->type, "float16");
+    if (in[6]->type != kOrtInt32) return type_error(6, in[6]->type, "int32");
+    if (in[7]->type != kOrtInt32) return type_error(7, in[7]->type, "int32");
+    if (in[6]->count != in[5]->count) return size_error(6, in[6]->count, in[5]->count, "one column per outlier value");
+    if (in[7]->count != k.N + 1) return size_error(7, in[7]->count, k.N + 1, "CSR row pointer of N+1 entries");
   }
   return "";
 }
@@ -98,10 +98,15 @@ std::string check(const QMatMulKernel& k, const TensorView* in, QMatMulArgs& a) 
 OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTensors* out) {
   size_t count = 0;
   if (OrtStatus* st = g_ort.KernelContext_GetInputCount(ctx, &count)) return st;
-  TensorView in[kQMatMulInputs];
-  for (size_t i = 0; i < kQMatMulInputs; ++i)
-    if (OrtStatus* st = view_input(ctx, i, count, &in[i])) return st;
-  if (in[0].value == nullptr || in[1].value == nullptr || in[2].value == nullptr)
+  TensorView read[kQMatMulInputs];
+  const TensorView* in[kQMatMulInputs];
+  for (size_t i = 0; i < kQMatMulInputs; ++i) {
+    in[i] = &k.constants[i];  // a constant initializer, described when the kernel was made
+    if (k.constants[i].value != nullptr) continue;
+    if (OrtStatus* st = view_input(ctx, i, count, &read[i])) return st;
+    in[i] = &read[i];
+  }
+  if (in[0]->value == nullptr || in[1]->value == nullptr || in[2]->value == nullptr)
     return make_status(kOrtInvalidArgument, "edge.QMatMul: inputs X, codes and scales are required");
   QMatMulArgs& a = out->args;
   a.K = k.K;
@@ -112,42 +117,42 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
   a.gated = k.gated;
   finish_layout(a);
   if (std::string err = check(k, in, a); !err.empty()) return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
-  a.M = in[0].count / k.K;
-  const bool half = in[0].type == kOrtFloat16;
-  if (half) out->x16 = static_cast<const uint16_t*>(in[0].data);
-  else a.x = static_cast<const float*>(in[0].data);
+  a.M = in[0]->count / k.K;
+  const bool half = in[0]->type == kOrtFloat16;
+  if (half) out->x16 = static_cast<const uint16_t*>(in[0]->data);
+  else a.x = static_cast<const float*>(in[0]->data);
   a.ldx = k.K;
-  a.codes = static_cast<const uint8_t*>(in[1].data);
-  if (in[9].value != nullptr) {
-    a.scale_codes = static_cast<const uint8_t*>(in[2].data);
-    a.scale_stats = static_cast<const uint16_t*>(in[9].data);
-    a.stat_rows = static_cast<const int32_t*>(in[11].data);
-    a.stat_row_count = in[9].count / (a.G * 2);
-    if (in[10].value != nullptr) {
-      a.zero_codes = static_cast<const uint8_t*>(in[3].data);
-      a.zero_stats = static_cast<const uint16_t*>(in[10].data);
+  a.codes = static_cast<const uint8_t*>(in[1]->data);
+  if (in[9]->value != nullptr) {
+    a.scale_codes = static_cast<const uint8_t*>(in[2]->data);
+    a.scale_stats = static_cast<const uint16_t*>(in[9]->data);
+    a.stat_rows = static_cast<const int32_t*>(in[11]->data);
+    a.stat_row_count = in[9]->count / (a.G * 2);
+    if (in[10]->value != nullptr) {
+      a.zero_codes = static_cast<const uint8_t*>(in[3]->data);
+      a.zero_stats = static_cast<const uint16_t*>(in[10]->data);
     }
-  } else if (in[2].type == kOrtFloat16) {
-    a.scales_f16 = static_cast<const uint16_t*>(in[2].data);
+  } else if (in[2]->type == kOrtFloat16) {
+    a.scales_f16 = static_cast<const uint16_t*>(in[2]->data);
   } else {
-    a.scales = static_cast<const float*>(in[2].data);
+    a.scales = static_cast<const float*>(in[2]->data);
   }
-  if (in[8].value != nullptr) {
-    if (in[8].type == kOrtFloat16) a.mins_f16 = static_cast<const uint16_t*>(in[8].data);
-    else a.mins_f32 = static_cast<const float*>(in[8].data);
+  if (in[8]->value != nullptr) {
+    if (in[8]->type == kOrtFloat16) a.mins_f16 = static_cast<const uint16_t*>(in[8]->data);
+    else a.mins_f32 = static_cast<const float*>(in[8]->data);
   }
-  if (in[3].value != nullptr && a.zero_codes == nullptr) {
-    if (in[3].type == kOrtUint8) a.zeros_u8 = static_cast<const uint8_t*>(in[3].data);
-    else a.zeros_f32 = static_cast<const float*>(in[3].data);
+  if (in[3]->value != nullptr && a.zero_codes == nullptr) {
+    if (in[3]->type == kOrtUint8) a.zeros_u8 = static_cast<const uint8_t*>(in[3]->data);
+    else a.zeros_f32 = static_cast<const float*>(in[3]->data);
   }
-  if (in[4].value != nullptr) a.bias = static_cast<const float*>(in[4].data);
-  if (in[5].value != nullptr) {
-    a.outlier_values = static_cast<const uint16_t*>(in[5].data);
-    a.outlier_cols = static_cast<const int32_t*>(in[6].data);
-    a.outlier_rowptr = static_cast<const int32_t*>(in[7].data);
-    a.outlier_nnz = in[5].count;
+  if (in[4]->value != nullptr) a.bias = static_cast<const float*>(in[4]->data);
+  if (in[5]->value != nullptr) {
+    a.outlier_values = static_cast<const uint16_t*>(in[5]->data);
+    a.outlier_cols = static_cast<const int32_t*>(in[6]->data);
+    a.outlier_rowptr = static_cast<const int32_t*>(in[7]->data);
+    a.outlier_nnz = in[5]->count;
   }
-  out->out_dims = in[0].dims;
+  out->out_dims = in[0]->dims;
   out->out_dims.back() = k.gated ? k.N / 2 : k.N;
   OrtValue* y = nullptr;
   if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 0, out->out_dims.data(), out->out_dims.size(), &y)) return st;
@@ -156,15 +161,15 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
   if (half) out->y16 = static_cast<uint16_t*>(y_data);
   else a.y = static_cast<float*>(y_data);
   if (k.norm) {
-    out->norm_weight = static_cast<const float*>(in[13].data);
-    if (in[12].value != nullptr) {  // then the node has output 1: X + skip, the residual stream going on
-      out->skip = static_cast<const float*>(in[12].data);
+    out->norm_weight = static_cast<const float*>(in[13]->data);
+    if (in[12]->value != nullptr) {  // then the node has output 1: X + skip, the residual stream going on
+      out->skip = static_cast<const float*>(in[12]->data);
       size_t outputs = 0;
       if (OrtStatus* st = g_ort.KernelContext_GetOutputCount(ctx, &outputs)) return st;
       if (outputs < 2)
         return make_status(kOrtInvalidArgument, "edge.QMatMul: with input 'skip' the node needs output 1 (X + skip)");
       OrtValue* sum = nullptr;
-      if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 1, in[0].dims.data(), in[0].dims.size(), &sum)) return st;
+      if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 1, in[0]->dims.data(), in[0]->dims.size(), &sum)) return st;
       void* sum_data = nullptr;
       if (OrtStatus* st = g_ort.GetTensorMutableData(sum, &sum_data)) return st;
       out->sum = static_cast<float*>(sum_data);

@@ -20,6 +20,9 @@ struct QMatMulKernel {
   int gated = 0;  // attribute activation: 1 silu(gate) * up, 2 gelu_tanh(gate) * up (QMatMulArgs::gated)
   bool norm = false;  // attribute norm_epsilon given: X (+ skip) is RMS-normalised first (rms_norm.h)
   float norm_epsilon = 0.0f;
+  // The inputs that are constant initializers (the weights of a resident model), described once when the kernel is
+  // made (CPU only): a call then reads only the others, where each input costs ~8 C API calls. Empty: read per call.
+  TensorView constants[kQMatMulInputs];
 };
 
 struct BoundTensors {

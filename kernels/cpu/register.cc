@@ -59,7 +59,7 @@ OrtStatus* read_attr(const OrtKernelInfo* info, const char* name, int64_t* out) 
   return make_status(kOrtInvalidArgument, std::string("edge.QMatMul: missing int attribute '") + name + "'");
 }
 
-OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
+OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
   auto* k = new QMatMulKernel();
   int64_t bits = 0;
   OrtStatus* st = read_attr(info, "K", &k->K);
@@ -111,6 +111,8 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*
     delete k;
     return st;
   }
+  if (op->GetExecutionProviderType(op) == nullptr)  // the CPU's: on CUDA a constant's copy may live elsewhere
+    for (size_t i = 1; i < kQMatMulInputs; ++i) view_constant(info, i, &k->constants[i]);
   *kernel = k;
   return nullptr;
 }
