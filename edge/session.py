@@ -71,14 +71,25 @@ def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
     options.add_session_config_entry("session.intra_op.allow_spinning", "0" if setting == "0" else "1")
     if setting == "run":
         options.add_session_config_entry("session.force_spinning_stop", "1")
+    library = None
     for domain in custom_ops or []:
         if domain != "edge":
             raise DeviceError(f"the model needs custom ops of domain {domain!r}, which edge does not provide")
         from edge.kernels import register
 
-        register(options, cuda=device == "cuda")
+        library = register(options, cuda=device == "cuda")
     providers = [provider] if device == "cpu" else [provider, "CPUExecutionProvider"]
-    session = ort.InferenceSession(str(graph), sess_options=options, providers=providers)
+    try:
+        session = ort.InferenceSession(str(graph), sess_options=options, providers=providers)
+    except Exception as exc:  # onnxruntime's own exception types
+        if library is None or "edge::" not in str(exc):
+            raise
+        from edge.kernels import KernelLibraryError
+
+        raise KernelLibraryError(
+            f"{graph} uses edge's ops in a form the kernel library {library} does not know (an older build than the "
+            f"edge that exported it: {exc}). Rebuild the library (`pip install -e .`, or `python -m edge.kernels.build`"
+            f"), or re-export the model with this edge.") from exc
     if session.get_providers()[0] != provider:
         raise DeviceError(f"onnxruntime could not start {provider} (it fell back to {session.get_providers()}); "
                           f"check the CUDA 13 driver and libraries, or use --device cpu")

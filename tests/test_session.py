@@ -53,3 +53,21 @@ def test_run_spins_within_a_run_only(tmp_path, monkeypatch, env, spin, allow, st
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == allow
     assert _entry(options, "session.force_spinning_stop") == stop
     np.testing.assert_array_equal(session.run(None, {"x": np.array([-1, 2], np.float32)})[0], [0, 2])
+
+
+def test_a_graph_newer_than_the_kernel_library_says_to_rebuild_it(tmp_path):
+    """A node of edge's domain that this library's op schema refuses (here: more inputs than it takes, as a graph
+    exported by a newer edge meets an old build) is a KernelLibraryError that says what to rebuild."""
+    from kernels_util import ensure_library
+
+    from edge.kernels import KernelLibraryError
+
+    ensure_library()
+    node = helper.make_node("QMatMul", ["x"] + [f"w{i}" for i in range(15)], ["y"], domain="edge", K=16, N=8,
+                            bits=4, group_size=16)
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 16]) for n in node.input]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("edge", 1)]
+    (tmp_path / "m.onnx").write_bytes(helper.make_model(graph, opset_imports=opsets, ir_version=10).SerializeToString())
+    with pytest.raises(KernelLibraryError, match="Rebuild the library"):
+        create_session(tmp_path / "m.onnx", "cpu", 1, ["edge"])
