@@ -47,15 +47,17 @@ def fuse_norms(nodes: list[onnx.NodeProto], graph_outputs: set[str]) -> list[onn
     norm_epsilon mode: inputs skip and norm_weight, output 1 the residual x + skip).
 
     Why: nearly every matmul of a decoder layer reads a norm of the residual stream, and each node costs onnxruntime's
-    dispatch (a GPU's is a host-side launch of ~10 us, most of a small model's step there). The fused node takes the
-    norm's place in the list: its other inputs are weights, and what reads the residual comes after the norm.
+    dispatch: on the CPU SmolLM2's steps ran 2.5-5.5% faster without its 60 norm nodes. On CUDA the fused node's two
+    launches made decoding 3% slower, so the GPU's default package is exported without this pass (edge.default_model).
+    The fused node takes the norm's place in the list: its other inputs are weights, and what reads the residual
+    comes after the norm.
     Norms whose mean or inverse deviation is read, with a bias, or over another axis stay as they are."""
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
     for node in nodes:
         for index, name in enumerate(node.input):
             if name:
                 readers[name].append((node, index))
-    replace: dict[int, onnx.NodeProto] = {}  # id(norm) -> the fused QMatMul
+    replace: dict[int, onnx.NodeProto | None] = {}  # id(norm) -> the fused QMatMul; id(its QMatMul) -> None
     for norm in nodes:
         user = _fusable_user(norm, readers, graph_outputs)
         if user is not None:

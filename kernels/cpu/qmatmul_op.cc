@@ -73,7 +73,8 @@ std::string check(const QMatMulKernel& k, const TensorView* const* in, QMatMulAr
     if (in[3]->count != per_group) return size_error(3, in[3]->count, per_group, layout);
   }
   if (in[8]->value != nullptr) {
-    if (in[3]->value != nullptr) return "give zeros or mins, not both (W = (code - zero) * scale or code * scale + min)";
+    if (in[3]->value != nullptr)
+      return "give zeros or mins, not both (W = (code - zero) * scale or code * scale + min)";
     if (in[8]->type != kOrtFloat && in[8]->type != kOrtFloat16) return type_error(8, in[8]->type, "float32 or float16");
     if (in[8]->count != per_group) return size_error(8, in[8]->count, per_group, layout);
   }
@@ -169,7 +170,8 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
       if (outputs < 2)
         return make_status(kOrtInvalidArgument, "edge.QMatMul: with input 'skip' the node needs output 1 (X + skip)");
       OrtValue* sum = nullptr;
-      if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 1, in[0]->dims.data(), in[0]->dims.size(), &sum)) return st;
+      if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 1, in[0]->dims.data(), in[0]->dims.size(), &sum))
+        return st;
       void* sum_data = nullptr;
       if (OrtStatus* st = g_ort.GetTensorMutableData(sum, &sum_data)) return st;
       out->sum = static_cast<float*>(sum_data);
