@@ -238,10 +238,16 @@ OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
   if (OrtStatus* st = bind_tensors(*k, ctx, &t)) return st;
   QMatMulArgs& a = t.args;
   if (a.M == 0) return nullptr;
-  if (std::string err = validate_outliers_host(a); !err.empty())
-    return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
-  if (std::string err = validate_stat_rows_host(a); !err.empty())
-    return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
+  if (!k->host_checked.load(std::memory_order_relaxed)) {
+    if (std::string err = validate_outliers_host(a); !err.empty())
+      return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
+    if (std::string err = validate_stat_rows_host(a); !err.empty())
+      return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
+    const bool outliers = a.outlier_rowptr == nullptr ||
+                          (k->constants[5].value && k->constants[6].value && k->constants[7].value);
+    const bool stat_rows = a.stat_rows == nullptr || (k->constants[9].value && k->constants[11].value);
+    if (outliers && stat_rows) k->host_checked.store(true, std::memory_order_relaxed);  // constants: checked for good
+  }
   thread_local std::vector<float> normed;  // the norm mode's input rows
   if (k->norm) {
     normed.resize(static_cast<size_t>(a.M * a.K));
