@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -123,3 +126,12 @@ def assert_close_to_reference(y: np.ndarray, x: np.ndarray, w: np.ndarray, bias:
     assert np.isfinite(y).all(), "output left unwritten (NaN poison survived)"
     err = np.abs(y - ref) / np.maximum(bound, 1e-30)
     assert err.max() < rtol, f"max relative error {err.max():.3g}"
+
+
+def run_test_file(path: str, **env: str) -> None:
+    """Run a test file again in a fresh process with `env` set: the kernel choice (EDGE_KERNELS_ISA) and the device
+    (EDGE_TEST_DEVICE) are made once per process."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path]
+    run = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True,
+                         cwd=Path(path).resolve().parent.parent)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]

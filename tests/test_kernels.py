@@ -20,7 +20,8 @@ import pytest
 import edge.kernels as ek
 from edge.errors import EdgeError
 from edge.kernels.graph import qmatmul_model
-from kernels_util import DEVICE, QMatMulRunner, assert_close_to_reference, cuda_available, ensure_library, make_weight
+from kernels_util import (DEVICE, QMatMulRunner, assert_close_to_reference, cuda_available, ensure_library,
+                          make_weight, run_test_file)
 
 ROWS = (1, 2, 3, 4, 5, 8, 9, 17, 64)
 cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="the CPU kernels or host-side checks")
@@ -432,8 +433,4 @@ def test_gated_activation_fuses_split_activation_and_mul(bits: int, accuracy_lev
 
 @pytest.mark.skipif(DEVICE != "cpu" or not cuda_available(), reason="needs onnxruntime-gpu, a GPU and the CUDA build")
 def test_the_cuda_kernel_passes_the_same_tests() -> None:
-    env = {**os.environ, "EDGE_TEST_DEVICE": "cuda"}
-    here = Path(__file__).resolve().parent
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], env=env,
-                         capture_output=True, text=True, cwd=here.parent)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    run_test_file(__file__, EDGE_TEST_DEVICE="cuda")

@@ -7,9 +7,6 @@ same_tests does, where onnxruntime-gpu sees a GPU); GroupQueryAttention stays on
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -17,7 +14,7 @@ import pytest
 
 import edge.kernels as ek
 from edge.kernels.graph import attention_model
-from kernels_util import cuda_available, ensure_library
+from kernels_util import cuda_available, ensure_library, run_test_file
 
 # The runtime's "not an ancestor" (edge.model.MASKED), not imported: the ABI matrix (.ci/abi-matrix) runs this file
 # with onnxruntime, numpy and onnx only.
@@ -254,25 +251,19 @@ def test_unsupported_attributes_and_bad_inputs_are_clear_errors():
             att(q, k, v, 10, [10, 400])
 
 
-def _run_this_file(**env: str) -> None:
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                         env={**os.environ, **env}, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-
-
 @pytest.mark.skipif("EDGE_KERNELS_ISA" in os.environ or DEVICE != "cpu", reason="a kernel was chosen, or on CUDA")
 def test_the_portable_kernel_passes_the_same_tests():
     """The kernel choice is made once per process: run this file again on the portable kernel."""
-    _run_this_file(EDGE_KERNELS_ISA="portable")
+    run_test_file(__file__, EDGE_KERNELS_ISA="portable")
 
 
 @pytest.mark.skipif("EDGE_KERNELS_ISA" in os.environ or DEVICE != "cpu", reason="a kernel was chosen, or on CUDA")
 def test_the_avx2_kernel_passes_the_same_tests():
     """Where the AVX-512 kernel runs by default, the AVX2 one still serves CPUs without it (or the best this CPU
     has, where it has no AVX2)."""
-    _run_this_file(EDGE_KERNELS_ISA="avx2")
+    run_test_file(__file__, EDGE_KERNELS_ISA="avx2")
 
 
 @pytest.mark.skipif(DEVICE != "cpu" or not cuda_available(), reason="needs onnxruntime-gpu, a GPU and the CUDA build")
 def test_the_cuda_kernel_passes_the_same_tests():
-    _run_this_file(EDGE_TEST_DEVICE="cuda")
+    run_test_file(__file__, EDGE_TEST_DEVICE="cuda")

@@ -6,11 +6,6 @@ On the CPU; test_the_cuda_kernel_passes_the_same_tests runs the file again with 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -20,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import edge.kernels as ek
 from edge.kernels.graph import IR_VERSION, OPSET, fuse_norms, qmatmul_node, qmatmul_tensors
 from edge.kernels.library import DOMAIN
-from kernels_util import DEVICE, QMatMulRunner, cuda_available, ensure_library, make_weight
+from kernels_util import DEVICE, QMatMulRunner, cuda_available, ensure_library, make_weight, run_test_file
 
 EPS = 1e-5
 cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="bitwise against the CPU kernels' documented sum order")
@@ -229,8 +224,4 @@ def test_fused_export_computes_what_the_unfused_one_does(tmp_path) -> None:
 
 @pytest.mark.skipif(DEVICE != "cpu" or not cuda_available(), reason="needs onnxruntime-gpu, a GPU and the CUDA build")
 def test_the_cuda_kernel_passes_the_same_tests() -> None:
-    env = {**os.environ, "EDGE_TEST_DEVICE": "cuda"}
-    here = Path(__file__).resolve().parent
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__], env=env,
-                         capture_output=True, text=True, cwd=here.parent)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    run_test_file(__file__, EDGE_TEST_DEVICE="cuda")
