@@ -44,13 +44,15 @@ class NormRunner:
     """A one-node model: QMatMul in norm mode (with or without skip), run on DEVICE."""
 
     def __init__(self, packed: ek.PackedWeight, weight: np.ndarray, skip: bool, accuracy_level: int = 0,
-                 sum_output: bool = True):
+                 sum_output: bool = True, epsilon: float | None = EPS, weight_input: bool = True):
+        """epsilon None (no norm_epsilon attribute) and weight_input False (no norm_weight input): broken nodes."""
         ensure_library()
-        self.skip = skip
         node = qmatmul_node("X", "Y", packed, "w", accuracy_level=accuracy_level)
-        inputs = list(node.input) + [""] * (12 - len(node.input)) + ["S" if skip else "", "gamma"]
+        norm = ["S" if skip else "", "gamma" if weight_input else ""]
+        inputs = list(node.input) + [""] * (12 - len(node.input)) + norm
         outputs = ["Y", "R"] if skip and sum_output else ["Y"]
-        fused = helper.make_node("QMatMul", inputs, outputs, domain=DOMAIN, norm_epsilon=EPS)
+        attrs = {} if epsilon is None else {"norm_epsilon": epsilon}
+        fused = helper.make_node("QMatMul", inputs, outputs, domain=DOMAIN, **attrs)
         fused.attribute.extend(node.attribute)
         x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["M", packed.k])
         graph_inputs = [x] + ([helper.make_tensor_value_info("S", TensorProto.FLOAT, ["M", packed.k])] if skip else [])
@@ -137,23 +139,10 @@ def test_skip_without_its_output_is_a_clear_error() -> None:
 @pytest.mark.parametrize("drop, message", [("gamma", "needs input 'norm_weight'"),
                                            ("epsilon", "need the attribute norm_epsilon")])
 def test_incomplete_norm_is_a_clear_error(drop: str, message: str) -> None:
-    ensure_library()
     packed, _, gamma, x, _ = case(np.random.default_rng(3))
-    node = qmatmul_node("X", "Y", packed, "w")
-    inputs = list(node.input) + [""] * (12 - len(node.input)) + ["", "" if drop == "gamma" else "gamma"]
-    attrs = {} if drop == "epsilon" else {"norm_epsilon": EPS}
-    fused = helper.make_node("QMatMul", inputs, ["Y"], domain=DOMAIN, **attrs)
-    fused.attribute.extend(node.attribute)
-    tensors = {**qmatmul_tensors(packed, "w"), "gamma": gamma}
-    graph = helper.make_graph([fused], "bad", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["M", packed.k])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(a, n) for n, a in tensors.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
-                              ir_version=IR_VERSION)
-    so = ort.SessionOptions()
-    ek.register(so)
+    broken = {"epsilon": None} if drop == "epsilon" else {"weight_input": False}
     with pytest.raises(Exception, match=message):
-        ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"X": x})
+        NormRunner(packed, gamma, False, **broken)(x)
 
 
 def norm_node(op: str, inputs: list[str], outputs: list[str]) -> onnx.NodeProto:

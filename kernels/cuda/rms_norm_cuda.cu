@@ -57,7 +57,7 @@ DeviceBuffer::~DeviceBuffer() {
 
 std::string DeviceBuffer::reserve(size_t wanted) {
   if (wanted <= bytes) return "";
-  if (data != nullptr) cudaFree(data);  // queued work that read it is ordered before the next use on the stream
+  if (data != nullptr) cudaFree(data);  // cudaFree waits for the device, so no queued kernel still reads it
   data = nullptr;
   bytes = 0;
   if (cudaMalloc(&data, wanted) != cudaSuccess) return "cannot allocate " + std::to_string(wanted) + " bytes";
