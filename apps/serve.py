@@ -1,0 +1,73 @@
+"""edge-serve [MODEL]: an OpenAI-compatible server on 127.0.0.1 (edge.server).
+
+    edge-serve --port 8000 --draft auto
+    curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+         -d '{"messages": [{"role": "user", "content": "Hi!"}], "stream": true}'
+
+Any OpenAI client works with base_url http://127.0.0.1:8000/v1 (the API key is not checked unless --api-key is
+given). With no MODEL the default model is used (fetched and exported once into ~/.cache/edge).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+
+from edge.apps.cli import run_main
+from edge.apps.run import budget_options, draft_options
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edge-serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", help="package folder or its model.onnx (default: the default model)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 opens it to the network)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
+    p.add_argument("--model-name", help="the model id clients see (default: the package folder's name)")
+    p.add_argument("--context", type=int, help="context length to allocate (default: min(model, 2048), or planned)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--budget", help="memory budget (e.g. 2GiB, 512MB): the context and buffers are planned to fit")
+    p.add_argument("--profile", help="device profile name (see edge-profile --list): its memory is the budget")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--draft", metavar="DRAFTER", help="speculative decoding, as edge-run --draft (e.g. auto)")
+    return p
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+
+    def run() -> None:
+        from edge.engine import Engine
+        from edge.server import make_server
+
+        engine = Engine(args.model, device=args.device, context_length=args.context, threads=args.threads,
+                        **budget_options(args), **draft_options(args))
+        server = make_server(engine, args.host, args.port, args.model_name, args.api_key)
+        host, port = server.server_address[:2]
+        if not is_loopback(args.host):
+            print(f"edge-serve: warning: listening on {host}, so anyone who can reach this machine can use the "
+                  f"model{'' if args.api_key else '; consider --api-key'}", file=sys.stderr)
+        print(f"edge-serve: {server.RequestHandlerClass.service.model_id} on http://{host}:{port}/v1 "
+              f"(context {engine.context_length} tokens); Ctrl-C stops", file=sys.stderr, flush=True)
+        try:
+            server.serve_forever()
+        finally:
+            server.server_close()
+
+    return run_main(run, "edge-serve")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
