@@ -142,7 +142,7 @@ class Service:
         return {"object": "list", "data": [{"id": self.model_id, "object": "model", "created": self.created,
                                             "owned_by": "edge"}]}
 
-    def start(self, chat: bool, body: dict) -> Iterator[str]:
+    def start(self, chat: bool, body: dict) -> Reply:
         """The reply's pieces; the first is computed here, so a prompt the engine refuses is an error reply and not
         a broken stream. Call with the lock held, and close the iterator when done."""
         config = generation_config(body, self.engine.context_length)
@@ -154,7 +154,7 @@ class Service:
             raise APIError(400, str(e), "messages" if chat else "prompt", "context_length_exceeded") from e
         except EdgeError as e:
             raise APIError(400, str(e)) from e
-        return _prepend(first, pieces)
+        return Reply(first, pieces)
 
     def usage(self) -> dict:
         s = self.engine.stats
@@ -165,13 +165,21 @@ class Service:
         return "length" if self.engine.stats.finish_reason in ("length", "context") else "stop"
 
 
-def _prepend(first: str, rest: Iterator[str]) -> Iterator[str]:
-    try:
-        if first:
-            yield first
-        yield from rest
-    finally:
-        rest.close()  # the engine's loop cuts its cache back to what was emitted
+class Reply:
+    """The pieces of a reply whose first piece is already computed. close() ends the engine's generation even when
+    the reply was never iterated (a client gone before the headers went out): left to the garbage collector, the
+    engine's loop would cut its cache back at some later moment, perhaps in the middle of another request."""
+
+    def __init__(self, first: str, rest: Iterator[str]):
+        self.first, self.rest = first, rest
+
+    def __iter__(self) -> Iterator[str]:
+        if self.first:
+            yield self.first
+        yield from self.rest
+
+    def close(self) -> None:
+        self.rest.close()  # the engine's loop cuts its cache back to what was emitted
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -260,7 +268,7 @@ class Handler(BaseHTTPRequestHandler):
                 "created": int(time.time()), "model": s.model_id,
                 "choices": [choice | {"finish_reason": s.finish_reason()}], "usage": s.usage()}
 
-    def _stream(self, chat: bool, pieces: Iterator[str], include_usage: bool) -> None:
+    def _stream(self, chat: bool, pieces: Reply, include_usage: bool) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")

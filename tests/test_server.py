@@ -21,7 +21,7 @@ from edge.apps.serve import is_loopback, parser
 from edge.engine import Engine, GenerationConfig
 from edge.errors import EdgeError
 from edge.export.pipeline import export_model
-from edge.server import MAX_BODY, make_server
+from edge.server import MAX_BODY, Reply, make_server
 from tiny_models import tiny_llama
 
 CHATML = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
@@ -276,3 +276,20 @@ def test_serves_the_chat_page_without_a_key(package):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_reply_never_iterated_still_ends_the_generation():
+    """A client gone before the headers: the engine's generator must end now, not when garbage-collected."""
+    ended = []
+
+    def generation():
+        try:
+            yield "a"
+            yield "b"
+        finally:
+            ended.append(True)
+
+    rest = generation()
+    reply = Reply(next(rest), rest)
+    reply.close()
+    assert ended == [True]
