@@ -32,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", help="memory budget (e.g. 2GiB, 512MB): the context and buffers are planned to fit")
     p.add_argument("--profile", help="device profile name (see edge-profile --list): its memory is the budget")
     p.add_argument("--threads", type=int)
+    p.add_argument("--on-full", choices=["error", "slide"], default="error",
+                   help="a conversation longer than the context: refuse it (default, as OpenAI) or drop its oldest turns")
     p.add_argument("--draft", metavar="DRAFTER", help="speculative decoding, as edge-run --draft (e.g. auto)")
     return p
 
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
         engine = Engine(args.model, device=args.device, context_length=args.context, threads=args.threads,
                         **budget_options(args), **draft_options(args))
-        server = make_server(engine, args.host, args.port, args.model_name, args.api_key)
+        server = make_server(engine, args.host, args.port, args.model_name, args.api_key, args.on_full)
         host, port = server.server_address[:2]
         if not is_loopback(args.host):
             print(f"edge-serve: warning: listening on {host}, so anyone who can reach this machine can use the "

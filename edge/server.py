@@ -71,7 +71,7 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def generation_config(body: dict, context: int) -> GenerationConfig:
+def generation_config(body: dict, context: int, on_full: str = "error") -> GenerationConfig:
     """The sampling fields OpenAI defines (temperature defaults to 1 as there), plus top_k as llama.cpp's server
     takes it. No max_tokens: generate until the model stops or the context is full."""
     for name in UNSUPPORTED:
@@ -94,7 +94,7 @@ def generation_config(body: dict, context: int) -> GenerationConfig:
         top_p=top_p or 1.0,
         top_k=_number(body, "top_k", int, 0, 0),
         seed=_number(body, "seed", int, None, 0),
-        stop=_stop(body))
+        stop=_stop(body), on_full=on_full)
 
 
 def _text(content: Any, where: str) -> str:
@@ -133,8 +133,10 @@ def completion_prompt(body: dict) -> str:
 class Service:
     """The engine behind the server, shared by its request threads: one generation at a time."""
 
-    def __init__(self, engine: Engine, model_id: str, api_key: str | None = None):
-        self.engine, self.model_id, self.api_key = engine, model_id, api_key
+    def __init__(self, engine: Engine, model_id: str, api_key: str | None = None, on_full: str = "error"):
+        """on_full: a conversation longer than the context is refused ("error", OpenAI's behaviour) or its oldest
+        turns are left out ("slide", Engine.chat)."""
+        self.engine, self.model_id, self.api_key, self.on_full = engine, model_id, api_key, on_full
         self.lock = threading.Lock()
         self.created = int(time.time())
 
@@ -145,7 +147,7 @@ class Service:
     def start(self, chat: bool, body: dict) -> Reply:
         """The reply's pieces; the first is computed here, so a prompt the engine refuses is an error reply and not
         a broken stream. Call with the lock held, and close the iterator when done."""
-        config = generation_config(body, self.engine.context_length)
+        config = generation_config(body, self.engine.context_length, self.on_full)
         pieces = (self.engine.chat(chat_messages(body), config) if chat
                   else self.engine.stream(completion_prompt(body), config))
         try:
@@ -330,9 +332,9 @@ def _id(chat: bool) -> str:
 
 
 def make_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000, model_id: str | None = None,
-                api_key: str | None = None) -> ThreadingHTTPServer:
+                api_key: str | None = None, on_full: str = "error") -> ThreadingHTTPServer:
     """A server bound to host:port (port 0: any free one, see server.server_address), not yet serving."""
-    service = Service(engine, model_id or engine.package.root.name, api_key)
+    service = Service(engine, model_id or engine.package.root.name, api_key, on_full)
     handler = type("EdgeHandler", (Handler,), {"service": service})
     try:
         server = ThreadingHTTPServer((host, port), handler)

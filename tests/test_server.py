@@ -293,3 +293,18 @@ def test_a_reply_never_iterated_still_ends_the_generation():
     reply = Reply(next(rest), rest)
     reply.close()
     assert ended == [True]
+
+
+def test_a_sliding_server_drops_the_oldest_turns(package):
+    srv = make_server(Engine(package, context_length=64, threads=1), port=0, on_full="slide")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    turn = " ".join(f"t{i}" for i in range(10, 30))  # ~20 tokens a message: five turns overflow 64
+    conversation = [{"role": "user" if i % 2 == 0 else "assistant", "content": turn} for i in range(5)]
+    try:
+        status, reply = post(srv, "/v1/chat/completions", {"messages": conversation, "max_tokens": 4,
+                                                            "temperature": 0})
+        assert status == 200 and reply["usage"]["completion_tokens"] == 4
+        assert reply["usage"]["prompt_tokens"] < 64
+    finally:
+        srv.shutdown()
+        srv.server_close()
