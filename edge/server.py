@@ -187,6 +187,9 @@ class Reply:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive for JSON replies; streams are chunked
     server_version = "edge"
+    # Seconds a read or write on the connection may block: a client that stops reading its stream would otherwise
+    # hold the model (the lock) for good once the socket's buffers are full.
+    timeout = 60
     service: Service  # set by make_server on a subclass
 
     def do_GET(self) -> None:
@@ -202,8 +205,8 @@ class Handler(BaseHTTPRequestHandler):
             route()
         except APIError as e:
             self._json(e.status, e.body())
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True  # the client left; nothing to answer
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True  # the client left or stopped reading; nothing to answer
         except Exception as e:  # a bug: answer 500 rather than drop the connection, and log it
             self.log_error("internal error: %r", e)
             self._json(500, APIError(500, f"internal error: {e}", kind="server_error").body())
@@ -289,7 +292,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             for piece in pieces:
                 self._event(choice(piece))
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             raise
         except Exception as e:  # the status line is sent: say it in the stream, then end it
             self.log_error("internal error mid-stream: %r", e)

@@ -308,3 +308,41 @@ def test_a_sliding_server_drops_the_oldest_turns(package):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+class EndlessEngine:
+    """Stands in for an Engine whose reply never ends and comes in megabyte pieces."""
+
+    context_length = 64
+
+    def __init__(self):
+        self.ended = threading.Event()
+
+    def chat(self, messages, config):
+        try:
+            while True:
+                yield "x" * (1 << 20)
+        finally:
+            self.ended.set()
+
+
+def test_a_client_that_stops_reading_releases_the_model(monkeypatch):
+    from edge.server import Handler
+
+    monkeypatch.setattr(Handler, "timeout", 0.5)
+    engine = EndlessEngine()
+    srv = make_server(engine, port=0, model_id="endless")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    body = json.dumps({"messages": MESSAGES, "stream": True}).encode()
+    try:
+        with socket.create_connection(srv.server_address[:2], timeout=30) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            sock.recv(1024)  # the stream has started; now read no more
+            assert engine.ended.wait(timeout=30)  # the server gave up on the client and ended the generation
+            service = srv.RequestHandlerClass.service
+            assert service.lock.acquire(timeout=10)
+            service.lock.release()
+    finally:
+        srv.shutdown()
+        srv.server_close()
