@@ -4,8 +4,8 @@
     server.serve_forever()
 
 Endpoints: GET /v1/models, POST /v1/chat/completions and POST /v1/completions (with "stream": true, server-sent
-events as OpenAI sends them), GET /health, and GET / : a chat page for the browser (edge/chat.html). Errors come back in OpenAI's shape, {"error": {"message", "type",
-"param", "code"}}, with a message that says what to change.
+events as OpenAI sends them), GET /health, and GET /, a chat page for the browser (edge/chat.html). Errors come back
+in OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with a message that says what to change.
 
 One model and one KV cache, so requests take turns (a lock): a chat app resends the whole conversation each turn,
 and the engine then feeds only the new messages (Engine.chat's prefix reuse), which holds only while one
