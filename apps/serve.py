@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="device profile name (see edge-profile --list): its memory is the budget")
     p.add_argument("--threads", type=int)
     p.add_argument("--on-full", choices=["error", "slide"], default="error",
-                   help="a conversation longer than the context: refuse it (default, as OpenAI) or drop its oldest turns")
+                   help="a conversation longer than the context: refuse it (default, as OpenAI does) or drop its "
+                        "oldest turns")
     p.add_argument("--draft", metavar="DRAFTER", help="speculative decoding, as edge-run --draft (e.g. auto)")
     return p
 
