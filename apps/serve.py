@@ -48,6 +48,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def warm_up(engine) -> None:
+    """What a first request would otherwise wait for: onnxruntime's first-run allocations and, with --draft, the
+    speculator's cost curve (measured once per package and machine, ~1 s)."""
+    if engine.speculator is not None:
+        engine.speculator.prepare(engine.decoder)
+    engine.generate("Hello", max_tokens=1)
+    engine.reset()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
 
@@ -58,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine(args.model, device=args.device, context_length=args.context, threads=args.threads,
                         **budget_options(args), **draft_options(args))
         server = make_server(engine, args.host, args.port, args.model_name, args.api_key, args.on_full)
+        warm_up(engine)
         host, port = server.server_address[:2]
         if not is_loopback(args.host):
             print(f"edge-serve: warning: listening on {host}, so anyone who can reach this machine can use the "
