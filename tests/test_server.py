@@ -346,3 +346,25 @@ def test_a_client_that_stops_reading_releases_the_model(monkeypatch):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_speculative_server_answers_as_plain_decoding(package, reference):
+    """Conversations taking turns on a server that drafts with prompt lookup: each reply is plain greedy's."""
+    engine = Engine(package, context_length=64, threads=1, speculator="prompt-lookup")
+    engine.speculator.draft_length = 4  # fixed: the adaptive policy may judge drafting a loss on this tiny model
+    srv = make_server(engine, port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    first = [{"role": "user", "content": "t5 t6 t7 t5 t6 t7 t5 t6"}]
+    other = [{"role": "user", "content": "t40 t41 t40 t41 t40"}]
+    drafted = 0
+    try:
+        for messages in (first, other, first, other):
+            status, reply = post(srv, "/v1/chat/completions", {"messages": messages, "temperature": 0,
+                                                                "max_tokens": 12})
+            assert status == 200
+            assert reply["choices"][0]["message"]["content"] == expected(reference, 12, messages)
+            drafted += engine.stats.speculative.drafted
+        assert drafted > 0  # the drafter took part
+    finally:
+        srv.shutdown()
+        srv.server_close()
