@@ -16,7 +16,8 @@ from edge.apps.cli import run_main
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edge-run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", help="package folder or its model.onnx (default: the default model)")
+    p.add_argument("model", nargs="?", help="package folder or its model.onnx, or a GGUF file or Hugging Face folder "
+                                            "(exported once into ~/.cache/edge); default: the default model")
     p.add_argument("prompt", nargs="?", help="prompt text (default: read stdin, or chat when stdin is a terminal)")
     p.add_argument("--chat", action="store_true", help="interactive chat; /reset forgets, /exit or Ctrl-D quits")
     p.add_argument("--system", help="system message for the chat template")

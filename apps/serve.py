@@ -21,7 +21,8 @@ from edge.apps.run import budget_options, draft_options
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edge-serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", help="package folder or its model.onnx (default: the default model)")
+    p.add_argument("model", nargs="?", help="package folder or its model.onnx, or a GGUF file or Hugging Face folder "
+                                            "(exported once into ~/.cache/edge); default: the default model")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 opens it to the network)")
     p.add_argument("--port", type=int, default=8000)

@@ -1,6 +1,7 @@
 """The public API: load a package, generate text, chat.
 
-    engine = Engine("models/smollm2-int4")          # or Engine() for the default model
+    engine = Engine("models/smollm2-int4")          # Engine() for the default model; a GGUF file or a Hugging
+                                                    # Face folder is exported once into the cache (cached_export)
     for piece in engine.chat([{"role": "user", "content": "Hi!"}]):
         print(piece, end="", flush=True)
 
@@ -84,8 +85,12 @@ class Engine:
             from edge.default_model import default_package, default_quant
 
             model = default_package(default_quant(device))
+        elif not isinstance(model, Package):
+            from edge.cached_export import resolve
+
+            model = resolve(model, device)  # a GGUF file or a Hugging Face folder: exported once into the cache
         self.package = model if isinstance(model, Package) else load_package(model, verify=verify)
-        self.plan = self._make_plan(budget, profile, context_length, speculator)  # before any buffer exists
+        self.plan = self._make_plan(budget, profile, context_length, speculator, device)  # before any buffer
         self.prefill_chunk = self.plan.prefill_chunk if self.plan else DEFAULT_PREFILL_CHUNK
         if self.plan is not None:
             context_length = self.plan.context
@@ -122,13 +127,15 @@ class Engine:
         return PagedDecoder(self.package, context_length=context_length, device=device, threads=threads,
                             max_rows=rows, window=window, pinned=pinned, max_tokens=max(self.prefill_chunk, 64))
 
-    def _make_plan(self, budget, profile, context_length, speculator):
+    def _make_plan(self, budget, profile, context_length, speculator, device: str):
         if budget is None and profile is None:
             return None
+        from edge.cached_export import resolve
         from edge.memory.plan_runtime import plan_package
-
-        draft = load_package(speculator) if isinstance(speculator, str) and Path(speculator).exists() else None
         from edge.speculative.factory import verify_rows
+
+        draft = (load_package(resolve(speculator, device)) if isinstance(speculator, str)
+                 and Path(speculator).exists() else None)
 
         return plan_package(self.package, budget if budget is not None else profile, profile=profile,
                             context=context_length, draft=draft,

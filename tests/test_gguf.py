@@ -7,6 +7,7 @@ import pytest
 
 from edge.errors import ModelFormatError
 from edge.export.gguf import load_gguf, unpermute_rotary
+from tiny_models import tiny_gguf
 
 
 def test_smollm2_config(smollm2):
@@ -97,7 +98,7 @@ def test_unknown_architecture(tmp_path):
 @pytest.mark.parametrize("keep", [0.02, 0.5, 0.999])
 def test_truncated_gguf(tmp_path, keep):
     whole = tmp_path / "whole.gguf"
-    _tiny_model_gguf(whole, "llama", bias=False, tied=True)
+    tiny_gguf(whole, "llama", bias=False, tied=True)
     data = whole.read_bytes()
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: int(len(data) * keep)])  # 0.02 ends inside the metadata, the others inside tensor data
@@ -143,67 +144,10 @@ def test_gemma3_import(gemma3_gguf):
     assert "".join(pieces) == text and not any("\ufffd" in p for p in pieces)
 
 
-def _tiny_model_gguf(path, arch: str, *, bias: bool, tied: bool, rope_freqs: bool = False) -> dict[str, np.ndarray]:
-    """A 1-layer model GGUF written with gguf's own writer; returns the float tensors as written (GGUF names)."""
-    import gguf
-
-    from edge.export.gguf_tokenizer import _byte_to_unicode
-
-    rng = np.random.default_rng(0)
-    hidden, heads, kv_heads, ffn = 64, 4, 2, 96
-    alphabet = list(_byte_to_unicode().values())
-    tokens = alphabet + ["Ġt", "Ġth", "<|endoftext|>"]
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(1)
-    w.add_context_length(512)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1e6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * (len(tokens) - 1) + [3])
-    w.add_token_merges(["Ġ t", "Ġt h"])
-    w.add_eos_token_id(len(tokens) - 1)
-    shapes = {"token_embd.weight": (len(tokens), hidden), "output_norm.weight": (hidden,),
-              "blk.0.attn_norm.weight": (hidden,), "blk.0.ffn_norm.weight": (hidden,),
-              "blk.0.attn_q.weight": (hidden, hidden), "blk.0.attn_k.weight": (kv_heads * 16, hidden),
-              "blk.0.attn_v.weight": (kv_heads * 16, hidden), "blk.0.attn_output.weight": (hidden, hidden),
-              "blk.0.ffn_gate.weight": (ffn, hidden), "blk.0.ffn_up.weight": (ffn, hidden),
-              "blk.0.ffn_down.weight": (hidden, ffn)}
-    if bias:
-        shapes |= {"blk.0.attn_q.bias": (hidden,), "blk.0.attn_k.bias": (kv_heads * 16,),
-                   "blk.0.attn_v.bias": (kv_heads * 16,)}
-    if not tied:
-        shapes["output.weight"] = (len(tokens), hidden)
-    if rope_freqs:
-        shapes["rope_freqs.weight"] = (8,)
-    written = {}
-    for name, shape in shapes.items():
-        value = rng.standard_normal(shape).astype(np.float32)
-        if name == "rope_freqs.weight":
-            value = np.linspace(1.0, 8.0, 8, dtype=np.float32)
-        if len(shape) == 2 and name != "blk.0.ffn_down.weight":  # quantize matrices (Q8_0), keep one in F32
-            packed = gguf.quants.quantize(value, gguf.GGMLQuantizationType.Q8_0)
-            value = gguf.quants.dequantize(packed, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, packed, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(name, value)
-        written[name] = value
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return written
-
-
 def test_qwen2_gguf_keeps_rows_and_biases(tmp_path):
     """qwen2 files use NEOX rotary: no row permutation to undo; biases come along; an output layer is kept."""
     path = tmp_path / "qwen2.gguf"
-    written = _tiny_model_gguf(path, "qwen2", bias=True, tied=False)
+    written = tiny_gguf(path, "qwen2", bias=True, tied=False)
     model = load_gguf(path)
     c = model.config
     assert (c.architecture, c.qkv_bias, c.tie_word_embeddings) == ("llama", True, False)
@@ -224,7 +168,7 @@ def test_qwen2_gguf_keeps_rows_and_biases(tmp_path):
 
 def test_llama_gguf_unpermutes_q_k_and_reads_rope_freqs(tmp_path):
     path = tmp_path / "llama.gguf"
-    written = _tiny_model_gguf(path, "llama", bias=False, tied=True, rope_freqs=True)
+    written = tiny_gguf(path, "llama", bias=False, tied=True, rope_freqs=True)
     model = load_gguf(path)
     t = model.tensors
     np.testing.assert_array_equal(t["model.layers.0.self_attn.q_proj.weight"],

@@ -1,4 +1,5 @@
-"""Tiny random transformers models turned into edge's ImportedModel, for reference checks without real weights."""
+"""Tiny random models for reference checks without real weights: transformers models turned into edge's ImportedModel,
+and a GGUF file written with gguf's own writer."""
 
 from __future__ import annotations
 
@@ -92,3 +93,60 @@ def tiny_gemma3(tmp_path):
     model.save_pretrained(tmp_path / "hf")
     (tmp_path / "hf" / "tokenizer.json").write_text(word_level_tokenizer_json())
     return model, load_hf(tmp_path / "hf")
+
+
+def tiny_gguf(path, arch: str, *, bias: bool, tied: bool, rope_freqs: bool = False) -> dict[str, np.ndarray]:
+    """A 1-layer model GGUF written with gguf's own writer; returns the float tensors as written (GGUF names)."""
+    import gguf
+
+    from edge.export.gguf_tokenizer import _byte_to_unicode
+
+    rng = np.random.default_rng(0)
+    hidden, heads, kv_heads, ffn = 64, 4, 2, 96
+    alphabet = list(_byte_to_unicode().values())
+    tokens = alphabet + ["Ġt", "Ġth", "<|endoftext|>"]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e6)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 1) + [3])
+    w.add_token_merges(["Ġ t", "Ġt h"])
+    w.add_eos_token_id(len(tokens) - 1)
+    shapes = {"token_embd.weight": (len(tokens), hidden), "output_norm.weight": (hidden,),
+              "blk.0.attn_norm.weight": (hidden,), "blk.0.ffn_norm.weight": (hidden,),
+              "blk.0.attn_q.weight": (hidden, hidden), "blk.0.attn_k.weight": (kv_heads * 16, hidden),
+              "blk.0.attn_v.weight": (kv_heads * 16, hidden), "blk.0.attn_output.weight": (hidden, hidden),
+              "blk.0.ffn_gate.weight": (ffn, hidden), "blk.0.ffn_up.weight": (ffn, hidden),
+              "blk.0.ffn_down.weight": (hidden, ffn)}
+    if bias:
+        shapes |= {"blk.0.attn_q.bias": (hidden,), "blk.0.attn_k.bias": (kv_heads * 16,),
+                   "blk.0.attn_v.bias": (kv_heads * 16,)}
+    if not tied:
+        shapes["output.weight"] = (len(tokens), hidden)
+    if rope_freqs:
+        shapes["rope_freqs.weight"] = (8,)
+    written = {}
+    for name, shape in shapes.items():
+        value = rng.standard_normal(shape).astype(np.float32)
+        if name == "rope_freqs.weight":
+            value = np.linspace(1.0, 8.0, 8, dtype=np.float32)
+        if len(shape) == 2 and name != "blk.0.ffn_down.weight":  # quantize matrices (Q8_0), keep one in F32
+            packed = gguf.quants.quantize(value, gguf.GGMLQuantizationType.Q8_0)
+            value = gguf.quants.dequantize(packed, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(name, packed, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, value)
+        written[name] = value
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return written

@@ -56,7 +56,9 @@ def make_speculator(spec: str, engine, draft_length: int | None = None) -> Specu
         skip = LayerSkipDraft(package, engine.context_length, threads=threads)
         drafters = [skip] if spec == "skip" else [PromptLookup(), skip]
     elif os.path.exists(spec):
-        draft = load_package(spec)
+        from edge.cached_export import resolve
+
+        draft = load_package(resolve(spec, engine.decoder.device))  # a GGUF or HF folder: exported once
         check_compatible(package, draft)
         drafters = [PromptLookup(), DraftModel(draft, engine.context_length, threads=threads)]
     else:
