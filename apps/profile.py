@@ -27,7 +27,8 @@ SWEEP_POINTS = 10
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edge-profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", nargs="?", help="package folder (default: the default model)")
+    p.add_argument("model", nargs="?", help="package folder, or a GGUF file or Hugging Face folder (exported once "
+                                            "into ~/.cache/edge); default: the default model")
     p.add_argument("--draft", help="draft model package for speculative decoding")
     p.add_argument("--budget", help="memory budget, e.g. 2GiB or 512MB (default: no budget, the engine's defaults)")
     p.add_argument("--profile", help="device profile name: its memory is the budget, its bandwidths the speed model")
@@ -197,12 +198,14 @@ def profile(args, recorder) -> None:
         raise EdgeError(f"--tokens must be at least 1, got {args.tokens}")
     import json
 
-    root = resolve_package_dir(args.model) if args.model else _default_package()
+    from edge.cached_export import resolve
+
+    root = resolve_package_dir(resolve(args.model)) if args.model else _default_package()
     manifest = json.loads((root / "manifest.json").read_text())
     package = Package(root, manifest)  # the manifest alone: planning precedes loading, as in the Engine
     draft = None
     if args.draft:
-        draft_root = resolve_package_dir(args.draft)
+        draft_root = resolve_package_dir(resolve(args.draft))
         draft = Package(draft_root, json.loads((draft_root / "manifest.json").read_text()))
     budget = args.budget if args.budget is not None else args.profile
     device = load_profile(args.profile) if args.profile else (

@@ -116,3 +116,14 @@ def test_prediction_fill_counts_only_written_kv():
     assert profile_cli._at_fill(memory, 1024, 1024) == memory.run_peak
     half = profile_cli._at_fill(memory, 512, 1024)
     assert half == memory.run_peak - memory.kv_target // 2
+
+
+def test_a_gguf_is_profiled_from_its_cached_export(tmp_path, capsys, monkeypatch):
+    from tiny_models import tiny_gguf
+
+    monkeypatch.setenv("EDGE_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "tiny.gguf"
+    tiny_gguf(gguf, "llama", bias=False, tied=True)
+    assert profile_cli.main([str(gguf), "--budget", "1GiB", "--context", "64", "--tokens", "2", "--threads", "1"]) == 0
+    assert "plan: context 64" in capsys.readouterr().out
+    assert any((tmp_path / "cache" / "models" / "exports").iterdir())
