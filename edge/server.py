@@ -159,9 +159,16 @@ class Service:
         return Reply(first, pieces)
 
     def usage(self) -> dict:
+        """OpenAI's counts (cached_tokens: the prompt's prefix reused from the cache), plus edge's own speeds and,
+        when drafting, the speculative statistics under "edge"."""
         s = self.engine.stats
+        own = {"prompt_tokens_per_second": round(s.prompt_tokens_per_second, 1),
+               "tokens_per_second": round(s.generate_tokens_per_second, 1)}
+        if s.speculative is not None:
+            own["speculative"] = {k: v for k, v in s.speculative.as_dict().items() if k != "by_drafter"}
         return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.generated_tokens,
-                "total_tokens": s.prompt_tokens + s.generated_tokens}
+                "total_tokens": s.prompt_tokens + s.generated_tokens,
+                "prompt_tokens_details": {"cached_tokens": s.reused_tokens}, "edge": own}
 
     def finish_reason(self) -> str:
         return "length" if self.engine.stats.finish_reason in ("length", "context") else "stop"

@@ -101,6 +101,16 @@ def test_chat_completion_equals_the_engines_reply(server, reference):
     assert choice["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 9
     assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 9
+    assert body["usage"]["edge"]["tokens_per_second"] > 0 and "speculative" not in body["usage"]["edge"]
+
+
+def test_a_continued_conversation_reports_its_cached_prompt(server):
+    ask = {"messages": MESSAGES, "temperature": 0, "max_tokens": 3}
+    _, first = post(server, "/v1/chat/completions", ask)
+    turn = MESSAGES + [first["choices"][0]["message"], {"role": "user", "content": "t8 t9"}]
+    _, second = post(server, "/v1/chat/completions", ask | {"messages": turn})
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert first["usage"]["prompt_tokens"] <= cached < second["usage"]["prompt_tokens"]
 
 
 def test_stream_adds_up_to_the_reply(server, reference):
@@ -364,6 +374,7 @@ def test_speculative_server_answers_as_plain_decoding(package, reference):
             assert status == 200
             assert reply["choices"][0]["message"]["content"] == expected(reference, 12, messages)
             drafted += engine.stats.speculative.drafted
+            assert reply["usage"]["edge"]["speculative"]["drafted"] == engine.stats.speculative.drafted
         assert drafted > 0  # the drafter took part
     finally:
         srv.shutdown()
