@@ -42,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
                         "edge-export --draft-head), lookup+head, auto (lookup+head, or lookup+recycling for a "
                         "package without a head), skip (the package's "
                         "skip-layer self-draft, see edge-export --self-draft), lookup+skip, or a draft package's "
-                        "folder (same tokenizer; prompt lookup first, the draft model otherwise)")
+                        "folder, GGUF file or Hugging Face folder (same tokenizer; prompt lookup first, the draft "
+                        "model otherwise)")
     p.add_argument("--draft-length", type=int,
                    help="fixed draft depth (default: adaptive, from the measured cost of verifying)")
     return p
