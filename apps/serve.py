@@ -28,6 +28,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument("--model-name", help="the model id clients see (default: the package folder's name)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let scripts of web pages from ORIGIN (e.g. http://localhost:3000) call the API from a "
+                        "browser (CORS; repeatable); '*' lets any website you visit use the model")
     p.add_argument("--context", type=int, help="context length to allocate (default: min(model, 2048), or planned)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--budget", help="memory budget (e.g. 2GiB, 512MB): the context and buffers are planned to fit")
@@ -67,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
         engine = Engine(args.model, device=args.device, context_length=args.context, threads=args.threads,
                         **budget_options(args), **draft_options(args))
-        server = make_server(engine, args.host, args.port, args.model_name, args.api_key, args.on_full)
+        server = make_server(engine, args.host, args.port, args.model_name, args.api_key, args.on_full,
+                             tuple(args.allow_origin))
         warm_up(engine)
         host, port = server.server_address[:2]
         if not is_loopback(args.host):

@@ -133,10 +133,13 @@ def completion_prompt(body: dict) -> str:
 class Service:
     """The engine behind the server, shared by its request threads: one generation at a time."""
 
-    def __init__(self, engine: Engine, model_id: str, api_key: str | None = None, on_full: str = "error"):
+    def __init__(self, engine: Engine, model_id: str, api_key: str | None = None, on_full: str = "error",
+                 allow_origins: tuple[str, ...] = ()):
         """on_full: a conversation longer than the context is refused ("error", OpenAI's behaviour) or its oldest
-        turns are left out ("slide", Engine.chat)."""
+        turns are left out ("slide", Engine.chat). allow_origins: web pages (origins, or "*" for any) whose scripts
+        may call the API from a browser (CORS); none by default, so a page on the web cannot use a local model."""
         self.engine, self.model_id, self.api_key, self.on_full = engine, model_id, api_key, on_full
+        self.allow_origins = tuple(allow_origins)
         self.lock = threading.Lock()
         self.created = int(time.time())
 
@@ -204,6 +207,30 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self._handle(self._post)
+
+    def do_OPTIONS(self) -> None:
+        """A browser's preflight: the allowed methods and headers (the origin header comes with end_headers)."""
+        self.send_response(204)
+        if self._allowed_origin():
+            self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+            self.send_header("Access-Control-Allow-Headers", "Authorization, Content-Type")
+            self.send_header("Access-Control-Max-Age", "600")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def end_headers(self) -> None:
+        origin = self._allowed_origin()
+        if origin:
+            self.send_header("Access-Control-Allow-Origin", origin)
+            self.send_header("Vary", "Origin")
+        super().end_headers()
+
+    def _allowed_origin(self) -> str | None:
+        headers = getattr(self, "headers", None)  # None when the request line itself was refused
+        allowed, origin = self.service.allow_origins, headers.get("Origin") if headers else None
+        if "*" in allowed:
+            return "*"
+        return origin if origin in allowed else None
 
     def _handle(self, route) -> None:
         try:
@@ -342,9 +369,10 @@ def _id(chat: bool) -> str:
 
 
 def make_server(engine: Engine, host: str = "127.0.0.1", port: int = 8000, model_id: str | None = None,
-                api_key: str | None = None, on_full: str = "error") -> ThreadingHTTPServer:
+                api_key: str | None = None, on_full: str = "error",
+                allow_origins: tuple[str, ...] = ()) -> ThreadingHTTPServer:
     """A server bound to host:port (port 0: any free one, see server.server_address), not yet serving."""
-    service = Service(engine, model_id or engine.package.root.name, api_key, on_full)
+    service = Service(engine, model_id or engine.package.root.name, api_key, on_full, allow_origins)
     handler = type("EdgeHandler", (Handler,), {"service": service})
     try:
         server = ThreadingHTTPServer((host, port), handler)

@@ -379,3 +379,37 @@ def test_speculative_server_answers_as_plain_decoding(package, reference):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_browsers_may_call_it_only_from_the_origins_allowed(package):
+    srv = make_server(Engine(package, context_length=64, threads=1), port=0, allow_origins=("http://app.local",))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def origin_header(method, origin, body=None):
+        conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=30)
+        conn.request(method, "/v1/chat/completions", body=body, headers={"Origin": origin,
+                                                                          "Content-Type": "application/json"})
+        response = conn.getresponse()
+        response.read()
+        conn.close()
+        return response.status, response.getheader("Access-Control-Allow-Origin"), response.getheader(
+            "Access-Control-Allow-Headers")
+
+    ask = json.dumps({"messages": MESSAGES, "max_tokens": 2, "temperature": 0})
+    try:
+        assert origin_header("OPTIONS", "http://app.local") == (204, "http://app.local", "Authorization, Content-Type")
+        assert origin_header("POST", "http://app.local", ask)[:2] == (200, "http://app.local")
+        assert origin_header("OPTIONS", "http://evil.example")[1:] == (None, None)
+        assert origin_header("POST", "http://evil.example", ask)[1] is None
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_no_origin_is_allowed_by_default(server):
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
+    conn.request("GET", "/v1/models", headers={"Origin": "http://app.local"})
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    assert response.status == 200 and response.getheader("Access-Control-Allow-Origin") is None
