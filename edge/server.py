@@ -17,6 +17,7 @@ for that: a thread per connection, the lock serialising the model.
 from __future__ import annotations
 
 import functools
+import hmac
 import json
 import threading
 import time
@@ -247,7 +248,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _authorise(self) -> None:
         key = self.service.api_key
-        if key is not None and self.headers.get("Authorization", "") != f"Bearer {key}":
+        sent = self.headers.get("Authorization", "").encode()
+        if key is not None and not hmac.compare_digest(sent, f"Bearer {key}".encode()):  # no timing side channel
             raise APIError(401, "missing or wrong API key: send 'Authorization: Bearer KEY'", code="invalid_api_key",
                            kind="authentication_error")
 
