@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
                    help="a conversation longer than the context: refuse it (default, as OpenAI does) or drop its "
                         "oldest turns")
     p.add_argument("--draft", metavar="DRAFTER", help="speculative decoding, as edge-run --draft (e.g. auto)")
+    p.add_argument("--prefix-slots", type=int,
+                   help="other conversations whose cached prefixes are kept while clients take turns (default 4 on "
+                        "the CPU without a budget, else 0; each holds its tokens' share of the KV cache)")
     return p
 
 
@@ -68,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         from edge.engine import Engine
         from edge.server import make_server
 
+        planned = args.budget is not None or args.profile is not None
+        slots = args.prefix_slots if args.prefix_slots is not None else (0 if planned or args.device != "cpu" else 4)
         engine = Engine(args.model, device=args.device, context_length=args.context, threads=args.threads,
-                        **budget_options(args), **draft_options(args))
+                        prefix_slots=slots, **budget_options(args), **draft_options(args))
         server = make_server(engine, args.host, args.port, args.model_name, args.api_key, args.on_full,
                              tuple(args.allow_origin))
         warm_up(engine)

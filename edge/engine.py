@@ -17,10 +17,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edge.chat_template import ChatTemplate
-from edge.errors import ChatTemplateError, ContextOverflowError
+from edge.errors import ChatTemplateError, ContextOverflowError, EdgeError
 from edge.memory.usage import peak_rss_bytes
 from edge.model import DEFAULT_PREFILL_CHUNK, Decoder
 from edge.package import Package, load_package
+from edge.prefix_store import MIN_SAVED, PrefixStore, common_prefix
 from edge.sampling import Sampler, SamplingParams
 from edge.speculative import SpeculativeStats, Speculator, make_speculator
 from edge.stopping import StopStrings
@@ -76,11 +77,12 @@ class Engine:
     def __init__(self, model: str | Path | Package | None = None, device: str = "cpu",
                  context_length: int | None = None, threads: int | None = None, verify: bool = True,
                  speculator: Speculator | str | None = None, budget: int | str | None = None,
-                 profile: str | None = None):
+                 profile: str | None = None, prefix_slots: int = 0):
         """`budget` (bytes, '2GiB' or a device profile name; `profile` names the device for a size) plans the run
         before anything is allocated: the KV cache, the prefill chunk and the draft model then come from the plan
         (`self.plan`), `context_length` caps the planned context, and a budget under the model's lower bound
-        raises BudgetError naming both."""
+        raises BudgetError naming both. `prefix_slots` > 0 keeps that many other conversations' cached prefixes
+        (edge.prefix_store; CPU, no budget) for a server whose clients take turns."""
         if model is None:
             from edge.default_model import default_package, default_quant
 
@@ -109,6 +111,18 @@ class Engine:
         self.speculator = (make_speculator(speculator, self, draft_length) if isinstance(speculator, str)
                            else speculator)
         self.dropped_messages = 0  # messages the last chat() slid out of the window (on_full="slide")
+        self.prefixes = self._prefix_store(prefix_slots)
+
+    def _prefix_store(self, slots: int) -> PrefixStore | None:
+        if slots <= 0:
+            return None
+        if self.plan is not None:
+            raise EdgeError("saved conversation prefixes take memory outside the budget's plan: leave prefix_slots "
+                            "at 0 (edge-serve --prefix-slots 0) when planning for a budget")
+        if not self.decoder.cache.arrays:
+            raise EdgeError("saved conversation prefixes are kept for a CPU cache only; leave prefix_slots at 0 on "
+                            "a GPU (edge-serve --prefix-slots 0)")
+        return PrefixStore(slots)
 
     def _make_decoder(self, context_length: int, device: str, threads: int | None):
         """A paged package (edge.export.paged) runs through PagedDecoder: with a plan, its pinned layers and
@@ -302,11 +316,9 @@ class Engine:
         """Reuse the cached prefix shared with `ids`, feed the rest; return the last prompt token's logits."""
         if not ids:
             raise ValueError("the prompt is empty")
-        common = 0
-        for a, b in zip(self.tokens, ids):
-            if a != b:
-                break
-            common += 1
+        common = common_prefix(self.tokens, ids)
+        if self.prefixes is not None:
+            common = self._switch_prefix(ids, common)
         common = min(common, len(ids) - 1)  # the last prompt token is always fed: its logits start generation
         self.decoder.cache.trim(common)
         self.tokens = ids[:common]
@@ -315,9 +327,22 @@ class Engine:
         self.tokens = list(ids)
         return logits
 
+    def _switch_prefix(self, ids: list[int], common: int) -> int:
+        """Another conversation: save the live cache's prefix if the prompt would overwrite much of it, and restore
+        a saved one that `ids` continues further. Returns how many of `ids` the cache now holds."""
+        if len(self.tokens) - common >= MIN_SAVED:
+            self.prefixes.save(self.tokens, self.decoder.cache)
+        length, saved = self.prefixes.best(ids)
+        if saved is None or length <= common:
+            return common
+        self.tokens = self.prefixes.restore(saved, self.decoder.cache)
+        return length
+
     def reset(self) -> None:
-        """Forget the cached conversation."""
+        """Forget the cached conversation (and any saved ones)."""
         self.decoder.reset()
         self.tokens = []
+        if self.prefixes is not None:
+            self.prefixes = PrefixStore(self.prefixes.slots)
         if self.speculator is not None:
             self.speculator.reset()

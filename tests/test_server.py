@@ -413,3 +413,21 @@ def test_no_origin_is_allowed_by_default(server):
     response.read()
     conn.close()
     assert response.status == 200 and response.getheader("Access-Control-Allow-Origin") is None
+
+
+def test_clients_taking_turns_keep_their_cached_conversations(package, reference):
+    srv = make_server(Engine(package, context_length=160, threads=1, prefix_slots=2), port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    chats = [[{"role": "user", "content": " ".join(f"t{(k + 7 * i) % 80}" for i in range(40))}] for k in (1, 2)]
+    try:
+        for turn in range(2):
+            for messages in chats:
+                _, body = post(srv, "/v1/chat/completions", {"messages": messages, "temperature": 0,
+                                                             "max_tokens": 4})
+                usage = body["usage"]
+                if turn:
+                    assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 12
+                messages += [body["choices"][0]["message"], {"role": "user", "content": "t5"}]
+    finally:
+        srv.shutdown()
+        srv.server_close()
