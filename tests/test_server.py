@@ -3,6 +3,7 @@ error shape with a message, and a client that leaves mid-stream leaves the engin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import json
@@ -47,13 +48,20 @@ def reference(package):
 
 @pytest.fixture(scope="module")
 def server(package):
-    engine = Engine(package, context_length=64, threads=1)
-    srv = make_server(engine, port=0, model_id="tiny", api_key=None)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with serving(Engine(package, context_length=64, threads=1), model_id="tiny") as srv:
+        yield srv
+
+
+@contextlib.contextmanager
+def serving(engine, **options):
+    """A server on a free port, serving from a thread until the block ends."""
+    srv = make_server(engine, port=0, **options)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def request(server, method: str, path: str, body=None, headers=None, raw: bytes | None = None):
@@ -190,11 +198,8 @@ def slow_server(package):
         return step(*args, **kwargs)
 
     engine.decoder.step = slow_step
-    srv = make_server(engine, port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with serving(engine) as srv:
+        yield srv
 
 
 def test_a_client_that_leaves_mid_stream_stops_the_generation(slow_server, reference):
@@ -231,16 +236,11 @@ def test_requests_at_once_take_turns(server, reference):
 
 
 def test_api_key_is_required_when_set(package):
-    srv = make_server(Engine(package, context_length=64, threads=1), port=0, api_key="secret")
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
+    with serving(Engine(package, context_length=64, threads=1), api_key="secret") as srv:
         status, data = request(srv, "GET", "/v1/models")
         assert status == 401 and json.loads(data)["error"]["code"] == "invalid_api_key"
         status, _ = request(srv, "GET", "/v1/models", headers={"Authorization": "Bearer secret"})
         assert status == 200
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_a_taken_port_is_a_clear_error(server, reference):
@@ -276,16 +276,11 @@ def test_edge_serve_answers_on_the_default_model():
 
 
 def test_serves_the_chat_page_without_a_key(package):
-    srv = make_server(Engine(package, context_length=64, threads=1), port=0, api_key="secret")
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
+    with serving(Engine(package, context_length=64, threads=1), api_key="secret") as srv:
         status, page = request(srv, "GET", "/")
         assert status == 200 and b"/v1/chat/completions" in page and b"innerHTML" not in page
         assert request(srv, "GET", "/health")[0] == 200
         assert request(srv, "POST", "/v1/chat/completions", {"messages": MESSAGES})[0] == 401
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_a_reply_never_iterated_still_ends_the_generation():
@@ -306,18 +301,13 @@ def test_a_reply_never_iterated_still_ends_the_generation():
 
 
 def test_a_sliding_server_drops_the_oldest_turns(package):
-    srv = make_server(Engine(package, context_length=64, threads=1), port=0, on_full="slide")
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
     turn = " ".join(f"t{i}" for i in range(10, 30))  # ~20 tokens a message: five turns overflow 64
     conversation = [{"role": "user" if i % 2 == 0 else "assistant", "content": turn} for i in range(5)]
-    try:
+    with serving(Engine(package, context_length=64, threads=1), on_full="slide") as srv:
         status, reply = post(srv, "/v1/chat/completions", {"messages": conversation, "max_tokens": 4,
                                                             "temperature": 0})
         assert status == 200 and reply["usage"]["completion_tokens"] == 4
         assert reply["usage"]["prompt_tokens"] < 64
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 class EndlessEngine:
@@ -341,10 +331,8 @@ def test_a_client_that_stops_reading_releases_the_model(monkeypatch):
 
     monkeypatch.setattr(Handler, "timeout", 0.5)
     engine = EndlessEngine()
-    srv = make_server(engine, port=0, model_id="endless")
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
     body = json.dumps({"messages": MESSAGES, "stream": True}).encode()
-    try:
+    with serving(engine, model_id="endless") as srv:
         with socket.create_connection(srv.server_address[:2], timeout=30) as sock:
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: "
                          + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -353,21 +341,16 @@ def test_a_client_that_stops_reading_releases_the_model(monkeypatch):
             service = srv.RequestHandlerClass.service
             assert service.lock.acquire(timeout=10)
             service.lock.release()
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_speculative_server_answers_as_plain_decoding(package, reference):
     """Conversations taking turns on a server that drafts with prompt lookup: each reply is plain greedy's."""
     engine = Engine(package, context_length=64, threads=1, speculator="prompt-lookup")
     engine.speculator.draft_length = 4  # fixed: the adaptive policy may judge drafting a loss on this tiny model
-    srv = make_server(engine, port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
     first = [{"role": "user", "content": "t5 t6 t7 t5 t6 t7 t5 t6"}]
     other = [{"role": "user", "content": "t40 t41 t40 t41 t40"}]
     drafted = 0
-    try:
+    with serving(engine) as srv:
         for messages in (first, other, first, other):
             status, reply = post(srv, "/v1/chat/completions", {"messages": messages, "temperature": 0,
                                                                 "max_tokens": 12})
@@ -376,14 +359,9 @@ def test_speculative_server_answers_as_plain_decoding(package, reference):
             drafted += engine.stats.speculative.drafted
             assert reply["usage"]["edge"]["speculative"]["drafted"] == engine.stats.speculative.drafted
         assert drafted > 0  # the drafter took part
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_browsers_may_call_it_only_from_the_origins_allowed(package):
-    srv = make_server(Engine(package, context_length=64, threads=1), port=0, allow_origins=("http://app.local",))
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
 
     def origin_header(method, origin, body=None):
         conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=30)
@@ -396,14 +374,11 @@ def test_browsers_may_call_it_only_from_the_origins_allowed(package):
             "Access-Control-Allow-Headers")
 
     ask = json.dumps({"messages": MESSAGES, "max_tokens": 2, "temperature": 0})
-    try:
+    with serving(Engine(package, context_length=64, threads=1), allow_origins=("http://app.local",)) as srv:
         assert origin_header("OPTIONS", "http://app.local") == (204, "http://app.local", "Authorization, Content-Type")
         assert origin_header("POST", "http://app.local", ask)[:2] == (200, "http://app.local")
         assert origin_header("OPTIONS", "http://evil.example")[1:] == (None, None)
         assert origin_header("POST", "http://evil.example", ask)[1] is None
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_no_origin_is_allowed_by_default(server):
@@ -416,10 +391,8 @@ def test_no_origin_is_allowed_by_default(server):
 
 
 def test_clients_taking_turns_keep_their_cached_conversations(package, reference):
-    srv = make_server(Engine(package, context_length=160, threads=1, prefix_slots=2), port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
     chats = [[{"role": "user", "content": " ".join(f"t{(k + 7 * i) % 80}" for i in range(40))}] for k in (1, 2)]
-    try:
+    with serving(Engine(package, context_length=160, threads=1, prefix_slots=2)) as srv:
         for turn in range(2):
             for messages in chats:
                 _, body = post(srv, "/v1/chat/completions", {"messages": messages, "temperature": 0,
@@ -428,6 +401,3 @@ def test_clients_taking_turns_keep_their_cached_conversations(package, reference
                 if turn:
                     assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 12
                 messages += [body["choices"][0]["message"], {"role": "user", "content": "t5"}]
-    finally:
-        srv.shutdown()
-        srv.server_close()
