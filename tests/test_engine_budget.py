@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -21,21 +20,13 @@ from edge.memory.budget import BudgetError, MiB, format_bytes
 from edge.memory.plan_runtime import budget_bytes, plan_package
 from edge.memory.profiles import ProfileError, load_profile, profile_names
 from edge.package import load_package
-from tiny_models import tiny_llama
-
-CHATML = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+from tiny_models import tiny_chat_llama
 
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
-    _, imported = tiny_llama(seed=7, initializer_range=0.3, max_position_embeddings=2048)
-    imported.chat_template = CHATML
-    imported.tokenizer_json = imported.tokenizer_json.replace('"t90"', '"<|im_start|>"').replace(
-        '"t91"', '"<|im_end|>"').replace('"t92"', '"user"').replace('"t93"', '"assistant"').replace(
-        '"t94"', '"system"')
-    imported.special_tokens = dataclasses.replace(imported.special_tokens, eos_token_ids=[])
-    return export_model("tiny", tmp_path_factory.mktemp("b") / "pkg", quant="fp32", model=imported)
+    return export_model("tiny", tmp_path_factory.mktemp("b") / "pkg", quant="fp32",
+                        model=tiny_chat_llama(max_position_embeddings=2048))
 
 
 @pytest.fixture(scope="module")

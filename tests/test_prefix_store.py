@@ -3,7 +3,6 @@ the one a fresh engine gives."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -12,20 +11,12 @@ from edge.engine import Engine
 from edge.errors import EdgeError
 from edge.export.pipeline import export_model
 from edge.prefix_store import MIN_SAVED, PrefixStore
-from tiny_models import tiny_llama
-
-CHATML = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+from tiny_models import tiny_chat_llama
 
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
-    _, imported = tiny_llama(seed=7, initializer_range=0.3)
-    imported.chat_template = CHATML
-    imported.tokenizer_json = imported.tokenizer_json.replace('"t90"', '"<|im_start|>"').replace(
-        '"t91"', '"<|im_end|>"').replace('"t92"', '"user"').replace('"t93"', '"assistant"')
-    imported.special_tokens = dataclasses.replace(imported.special_tokens, eos_token_ids=[])
-    return export_model("tiny", tmp_path_factory.mktemp("p") / "pkg", quant="fp32", model=imported)
+    return export_model("tiny", tmp_path_factory.mktemp("p") / "pkg", quant="fp32", model=tiny_chat_llama())
 
 
 def conversation(first: int) -> list[dict]:

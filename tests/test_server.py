@@ -4,7 +4,6 @@ error shape with a message, and a client that leaves mid-stream leaves the engin
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import http.client
 import json
 import os
@@ -23,21 +22,14 @@ from edge.engine import Engine, GenerationConfig
 from edge.errors import EdgeError
 from edge.export.pipeline import export_model
 from edge.server import MAX_BODY, Reply, make_server
-from tiny_models import tiny_llama
+from tiny_models import tiny_chat_llama
 
-CHATML = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
 MESSAGES = [{"role": "user", "content": "t5 t6 t7"}]
 
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory):
-    _, imported = tiny_llama(seed=7, initializer_range=0.3)  # varied, non-repeating greedy text
-    imported.chat_template = CHATML
-    imported.tokenizer_json = imported.tokenizer_json.replace('"t90"', '"<|im_start|>"').replace(
-        '"t91"', '"<|im_end|>"').replace('"t92"', '"user"').replace('"t93"', '"assistant"')
-    imported.special_tokens = dataclasses.replace(imported.special_tokens, eos_token_ids=[])
-    return export_model("tiny", tmp_path_factory.mktemp("s") / "pkg", quant="fp32", model=imported)
+    return export_model("tiny", tmp_path_factory.mktemp("s") / "pkg", quant="fp32", model=tiny_chat_llama())
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ and a GGUF file written with gguf's own writer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -57,6 +58,23 @@ def tiny_llama(seed: int = 0, qkv_bias: bool = False, tie: bool = True, **overri
     imported = ImportedModel(cfg, tensors, word_level_tokenizer_json(), SpecialTokens(None, [VOCAB - 1]), None,
                              {"format": "test", "name": "tiny"})
     return model, imported
+
+
+CHATML = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+
+
+def tiny_chat_llama(**overrides) -> ImportedModel:
+    """A tiny Llama that chats: a ChatML template whose markers and roles are words of its vocabulary (t90-t94
+    renamed), so rendered conversations tokenize, and no EOS, so replies run to max_tokens. Larger weights than
+    tiny_llama's default: varied, non-repeating greedy text."""
+    _, imported = tiny_llama(seed=7, initializer_range=0.3, **overrides)
+    imported.chat_template = CHATML
+    for word, name in (("t90", "<|im_start|>"), ("t91", "<|im_end|>"), ("t92", "user"), ("t93", "assistant"),
+                       ("t94", "system")):
+        imported.tokenizer_json = imported.tokenizer_json.replace(f'"{word}"', f'"{name}"')
+    imported.special_tokens = dataclasses.replace(imported.special_tokens, eos_token_ids=[])
+    return imported
 
 
 def reference_logits(model, ids: list[int]) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 from edge.errors import EdgeError
 from edge.model import Decoder
 from edge.package import Package
+from edge.prefix_store import common_prefix
 from edge.sampling import SamplingParams, probabilities
 from edge.speculative.drafter import Draft, Drafter
 
@@ -65,12 +66,7 @@ class DraftModel(Drafter):
         After a step it drafted, at most FOLLOW tokens are new (its last draft token and the target's next one);
         anything before those is catch-up, fed and timed separately (catch_up_seconds).
         """
-        common = 0
-        for a, b in zip(self.tokens, context):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(context) - 1)  # the last token is always fed: its logits start the draft
+        common = min(common_prefix(self.tokens, context), len(context) - 1)  # the last token is always fed
         self.decoder.cache.trim(common)
         start, follow = time.perf_counter(), max(common, len(context) - FOLLOW)
         if follow > common:
