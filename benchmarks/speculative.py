@@ -7,7 +7,8 @@ For each target package (fp32, int4) and prompt category (open chat, code, rewri
 change in a second turn), each drafter's run sits between two runs of plain greedy decoding of the same prompt, so
 the machine's drifting pace hits them alike (paired_runs); the table reports speed *ratios* to plain decoding (per
 prompt the median over reps of the run's ratio to its two neighbours, then the geometric mean over the category's
-prompts) and acceptance, with a control: plain decoding timed the same way as a drafter. Every speculative output
+prompts) and acceptance, with a control: plain decoding timed the same way as a drafter, and a bootstrap interval
+per ratio (interval); it ends with issue 4's targets against the run (targets). Every speculative output
 is compared with plain greedy output; where they differ, the table gives the first differing position and the
 target's top-2 logit gap there (a near-tie that the multi-token verify step's different float rounding flips).
 Writes benchmarks/results/speculative.md.
@@ -317,7 +318,8 @@ def bench_target(target, packages, args, rows, ties):
                 same = runs[0]["ids"] == plain["ids"] and runs[0]["text"] == plain["text"]
                 spec = runs[0]["spec"]
                 rows.append({"target": target, "category": category, "variant": name, "tps": tps,
-                             "ratio": statistics.median(ratios[name]) if name in ratios else 1.0, "same": same,
+                             "ratio": statistics.median(ratios[name]) if name in ratios else 1.0,
+                             "ratios": ratios.get(name), "same": same,
                              "accept": spec.acceptance_rate if spec else None,
                              "per_call": spec.tokens_per_call if spec else 1.0,
                              "modelled": modelled_ratio(spec, curve),
@@ -329,6 +331,69 @@ def bench_target(target, packages, args, rows, ties):
                     ties.append((target, category, name, pos - prompt_len, gap))
                 print(f"{target} {category:20s} {name:24s} {tps:6.1f} tok/s x{rows[-1]['ratio']:.2f} "
                       f"same={same} {spec.summary() if spec else ''}", file=sys.stderr)
+
+
+INTERVAL = 0.90  # the central share of the bootstrap draws that a cell's interval spans
+AUTO = ("lookup+head", "lookup+recycling")  # what `--draft auto` runs with a draft head, and without one
+
+
+def interval(per_prompt: list[list[float]], draws: int = 4000) -> tuple[float, float]:
+    """A cell's x plain (the median over reps per prompt, the geometric mean over prompts) recomputed from reps
+    drawn with replacement: the central INTERVAL of the draws. It says how far the reps' noise alone moves the
+    cell within this run; not how far a run hours later lands, when the machine's pace has changed the cost of
+    a verify call against a plain step (sessions 19-25: a quiet machine speeds the 1-token step, not the 8-token
+    one)."""
+    rng = np.random.default_rng(0)
+    logs = np.zeros(draws)
+    for ratios in per_prompt:
+        r = np.asarray(ratios)
+        logs += np.log(np.median(r[rng.integers(0, len(r), size=(draws, len(r)))], axis=1))
+    lo, hi = np.quantile(logs / len(per_prompt), [(1 - INTERVAL) / 2, (1 + INTERVAL) / 2])
+    return math.exp(lo), math.exp(hi)
+
+
+def cell_stats(rows) -> dict[tuple, dict]:
+    """(target, category, variant) -> its x plain, interval and the rest of the table's columns."""
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault((r["target"], r["category"], r["variant"]), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        timed = [r["ratios"] for r in rs if r["ratios"]]
+        out[key] = {"ratio": math.exp(sum(math.log(r["ratio"]) for r in rs) / len(rs)),
+                    "interval": interval(timed) if timed else None,  # plain: the reference itself
+                    "rows": rs}
+    return out
+
+
+def targets(found: dict[tuple, dict]) -> list[str]:
+    """Issue 4's targets against this run: auto at least 2x on each input-grounded category and 1.2x over open
+    chat and code (geometric mean), no drafter below 0.95x on any category; each with its interval."""
+    lines = ["", f"Issue 4's targets in this run (x plain, in brackets the {INTERVAL:.0%} bootstrap interval over "
+             "the reps):", ""]
+    for target in dict.fromkeys(t for t, _, _ in found):
+        name = next((v for v in AUTO if any(t == target and v == w for t, _, w in found)), None)
+        auto = {c: found[t, c, v] for t, c, v in found if t == target and v == name}
+        for category in ("rewrite", "summarise/extract", "repeat with change"):
+            if category in auto:
+                cell = auto[category]
+                lo, hi = cell["interval"]
+                lines.append(f"- {target}, auto, {category} >= 2x: {cell['ratio']:.2f} [{lo:.2f}, {hi:.2f}]")
+        if "open chat" in auto and "code" in auto:
+            both = math.sqrt(auto["open chat"]["ratio"] * auto["code"]["ratio"])
+            lines.append(f"- {target}, auto, open chat and code >= 1.2x: {both:.2f} (open chat "
+                         f"{auto['open chat']['ratio']:.2f}, code {auto['code']['ratio']:.2f})")
+        drafted = [(cell["ratio"], cell["interval"], c, v) for (t, c, v), cell in found.items()
+                   if t == target and v not in ("plain", CONTROL)]
+        if drafted:
+            ratio, (lo, hi), category, variant = min(drafted)
+            lines.append(f"- {target}, every drafter >= 0.95x: lowest {ratio:.2f} [{lo:.2f}, {hi:.2f}] ({variant}, "
+                         f"{category})")
+        control = [found[t, c, v]["interval"] for t, c, v in found if t == target and v == CONTROL]
+        if control:
+            lines.append(f"- {target}, the control's intervals span {min(lo for lo, _ in control):.2f} to "
+                         f"{max(hi for _, hi in control):.2f}: what noise alone does to a cell")
+    return lines
 
 
 def table(rows, ties, args) -> str:
@@ -356,21 +421,22 @@ def table(rows, ties, args) -> str:
                          f"file-backed {mib['plain']['file']:.0f} -> {mib['skip']['file']:.0f} MiB)")
     lines += ["", "x plain: measured tok/s ratio to the plain runs on either side (median over reps, geometric mean "
               f"over the category's prompts); {CONTROL!r} is plain decoding measured the same way, the noise alone. "
+              f"interval: the central {INTERVAL:.0%} of x plain recomputed from reps drawn with replacement. "
               "x model: the ratio the cost curve predicts from the run's tokens per target call and verify sizes, "
               "without the noise.",
-              "", "| target | category | variant | tok/s | x plain | x model | acceptance | tokens/target call | "
-              "identical |", "|---|---|---|---|---|---|---|---|---|"]
-    groups: dict[tuple, list] = {}
-    for r in rows:
-        groups.setdefault((r["target"], r["category"], r["variant"]), []).append(r)
-    for (target, category, variant), rs in groups.items():
-        ratio = math.exp(sum(math.log(r["ratio"]) for r in rs) / len(rs))
+              "", "| target | category | variant | tok/s | x plain | interval | x model | acceptance | "
+              "tokens/target call | identical |", "|---|---|---|---|---|---|---|---|---|---|"]
+    found = cell_stats(rows)
+    for (target, category, variant), cell in found.items():
+        rs, bounds = cell["rows"], cell["interval"]
         acc = [r["accept"] for r in rs if r["accept"] is not None and r["drafted"]]
         model = math.exp(sum(math.log(r["modelled"]) for r in rs) / len(rs))
         lines.append(f"| {target} | {category} | {variant} | {statistics.mean(r['tps'] for r in rs):.1f} | "
-                     f"{ratio:.2f} | {model:.2f} | {statistics.mean(acc) if acc else 0:.2f} | "
+                     f"{cell['ratio']:.2f} | {'%.2f-%.2f' % bounds if bounds else '-'} | {model:.2f} | "
+                     f"{statistics.mean(acc) if acc else 0:.2f} | "
                      f"{statistics.mean(r['per_call'] for r in rs):.2f} | "
                      f"{sum(r['same'] for r in rs)}/{len(rs)} |")
+    lines += targets(found)
     for target, category, index, n in SHORT:
         lines.append(f"\nNot timed: {target} answered {category} prompt {index + 1} of "
                      f"{len(CATEGORIES[category])} in {n} token(s) (fewer than {MIN_TOKENS}).")

@@ -1,0 +1,32 @@
+"""The speculative benchmark's summary: its bootstrap intervals and the issue targets it reports."""
+
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import speculative  # noqa: E402
+
+
+def test_interval_collapses_without_noise_and_widens_with_it():
+    assert speculative.interval([[2.0] * 8, [2.0] * 8]) == (2.0, 2.0)
+    rng = random.Random(0)
+    quiet = [[2.0 * rng.gauss(1, 0.01) for _ in range(8)] for _ in range(2)]
+    noisy = [[2.0 * rng.gauss(1, 0.05) for _ in range(8)] for _ in range(2)]
+    lo_q, hi_q = speculative.interval(quiet)
+    lo_n, hi_n = speculative.interval(noisy)
+    assert lo_q < 2.0 < hi_q and hi_q - lo_q < hi_n - lo_n
+
+
+def test_targets_name_the_lowest_cell_and_auto():
+    def row(category, variant, ratios):
+        return {"target": "t", "category": category, "variant": variant, "ratio": sorted(ratios)[len(ratios) // 2],
+                "ratios": ratios}
+
+    rows = [row("rewrite", speculative.AUTO[0], [2.1, 2.2, 2.0]), row("rewrite", "recycling", [0.93, 0.94, 0.95]),
+            row("open chat", speculative.AUTO[0], [1.1, 1.1, 1.1]), row("code", speculative.AUTO[0], [1.6, 1.6, 1.6]),
+            {"target": "t", "category": "rewrite", "variant": "plain", "ratio": 1.0, "ratios": None}]
+    text = "\n".join(speculative.targets(speculative.cell_stats(rows)))
+    assert "auto, rewrite >= 2x: 2.10" in text
+    assert "open chat and code >= 1.2x: 1.33" in text
+    assert "lowest 0.94" in text and "(recycling, rewrite)" in text
