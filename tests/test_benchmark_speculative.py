@@ -27,6 +27,6 @@ def test_targets_name_the_lowest_cell_and_auto():
             row("open chat", speculative.AUTO[0], [1.1, 1.1, 1.1]), row("code", speculative.AUTO[0], [1.6, 1.6, 1.6]),
             {"target": "t", "category": "rewrite", "variant": "plain", "ratio": 1.0, "ratios": None}]
     text = "\n".join(speculative.targets(speculative.cell_stats(rows)))
-    assert "auto, rewrite >= 2x: 2.10" in text
+    assert "lookup+head, rewrite >= 2x: 2.10" in text
     assert "open chat and code >= 1.2x: 1.33" in text
     assert "lowest 0.94" in text and "(recycling, rewrite)" in text
