@@ -35,10 +35,6 @@ DRAFT_HEAD = Path(importlib.util.find_spec("edge.export").submodule_search_locat
     "smollm2-135m-instruct.npz"
 EXPORTS = {"int4-edge": dict(quant="int4", kernels="edge", accuracy_level=4, zeros="float", embedding_bits=4,
                              head="gptq", draft_head=DRAFT_HEAD)}
-# On a GPU the same with its RMSNorms as nodes of their own: inside edge.QMatMul they save onnxruntime's dispatch on
-# the CPU (steps 2.5-5% faster) but cost a second launch in the matmul's node on CUDA, where an H100 decoded 3% slower
-# with them inside (354 against 366 tok/s without; benchmarks/RESULTS.md, kernels, session 25).
-EXPORTS["int4-edge-cuda"] = dict(EXPORTS["int4-edge"], fuse_norms=False)
 # Bumped when a named export's options or graph change: its cache folder gets a new name, so an older export is not
 # reused (6: RMSNorms inside edge.QMatMul).
 EXPORT_REVISIONS = {"int4-edge": 6}
@@ -98,11 +94,10 @@ def default_gguf() -> Path:
 
 def default_quant(device: str = "cpu") -> str:
     """What the default model runs as: int4 on edge's kernels where their library is built and registers with this
-    onnxruntime, else int4 on onnxruntime's stock ops. On CUDA always edge's kernels (their GPU form, EXPORTS):
-    onnxruntime has no float32 GroupQueryAttention there (create_session refuses such a graph), and a missing CUDA
-    build is a clear error."""
+    onnxruntime, else int4 on onnxruntime's stock ops. On CUDA always edge's kernels: onnxruntime has no float32
+    GroupQueryAttention there (create_session refuses such a graph), and a missing CUDA build is a clear error."""
     if device != "cpu":
-        return "int4-edge-cuda"
+        return "int4-edge"
     import onnxruntime as ort
 
     from edge.kernels import KernelLibraryError, register

@@ -95,7 +95,7 @@ def test_the_default_model_falls_back_to_stock_ops_without_a_usable_library(monk
     from edge.default_model import default_quant
 
     ensure_library()
-    assert default_quant() == "int4-edge" and default_quant("cuda") == "int4-edge-cuda"
+    assert default_quant() == "int4-edge" and default_quant("cuda") == "int4-edge"
     monkeypatch.setenv("EDGE_KERNELS_LIBRARY", str(tmp_path / "absent.so"))
     assert default_quant() == "int4"
     bogus = tmp_path / "libbogus.so"

@@ -6,6 +6,7 @@ costs) relative to a 1-token step; the GPU's greedy tokens against the CPU's for
 decoding on the GPU: plain vs prompt lookup on benchmarks/speculative.py's prompts (tokens/s, identical output).
 
     python benchmarks/gpu/decode_gpu.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf [--work DIR] [--runs 3] [--out F]
+        [--speculative-package N] [--no-peer] [--no-speculative]
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ from decode import PROMPT  # noqa: E402  (benchmarks/decode.py: the same prompt 
 
 from edge.default_model import EXPORTS  # noqa: E402
 
-# The default package on a GPU (int4-edge-cuda, with its draft head), exported with the default's own options.
-# Stock-op packages are refused on CUDA (edge.session.check_cuda_graph): onnxruntime runs their float32
+# The default package (int4-edge, with its draft head), exported with the default's own options, and the same with
+# its RMSNorms as nodes of their own (onnxruntime's SkipSimplifiedLayerNormalization, 60 nodes more), timed in the
+# same runs. Stock-op packages are refused on CUDA (edge.session.check_cuda_graph): onnxruntime runs their float32
 # GroupQueryAttention on the CPU, which gave wrong tokens here (benchmarks/RESULTS.md).
-# The GPU's default (its norms as nodes of their own), and the CPU's default package (the norms inside the matmuls,
-# 60 nodes fewer) timed in the same runs.
-PACKAGES = {"edge int4-edge-cuda (edge.QMatMul + edge.Attention)": EXPORTS["int4-edge-cuda"],
-            "the same, norms inside edge.QMatMul (the CPU's default)": EXPORTS["int4-edge"]}
+PACKAGES = {"edge int4-edge (edge.QMatMul with the norms inside + edge.Attention)": EXPORTS["int4-edge"],
+            "the same, norms as nodes of their own": dict(EXPORTS["int4-edge"], fuse_norms=False)}
 SPEC_TOKENS = 128
 NEW_TOKENS = 128
 STEP_ROWS = (1, 2, 4, 8, 16)
@@ -174,6 +174,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--device", default="cuda", help="cuda (cpu only to try the script)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "decode_gpu.md")
+    parser.add_argument("--speculative-package", type=int, default=0, help="which of PACKAGES (0 or 1) to speculate on")
+    parser.add_argument("--no-peer", action="store_true", help="leave out transformers (a short device lease)")
+    parser.add_argument("--no-speculative", action="store_true", help="leave out the speculative table")
     args = parser.parse_args()
     from edge.model import Decoder
     from edge.package import load_package
@@ -203,14 +206,16 @@ def main() -> int:
                      f"{NEW_TOKENS / statistics.median(r['decode']):.1f} | " +
                      " | ".join(f"{steps[m] / steps[1]:.2f}" for m in STEP_ROWS[1:]) + f" | {steps[1] * 1e3:.2f} |")
     del decoders
-    if args.device == "cuda":
+    if args.device == "cuda" and not args.no_peer:
         lines += transformers_peer(args.gguf, ids, args.runs)
     lines += ["", "GPU greedy tokens vs the CPU's (same package, first 32 tokens; the CPU quantizes activations to "
               "int8 where the package asks for accuracy_level 4, the GPU keeps them float32):", ""]
     for name, package in packages.items():
         lines.append(f"- {name}: " + compare_with_cpu(Decoder(package, context_length=1024, device="cpu"), ids,
                                                        tokens[name][:32]))
-    lines += ["", speculative_table(paths[next(iter(PACKAGES))], args.device)]
+    if not args.no_speculative:
+        spec_name = list(PACKAGES)[args.speculative_package]
+        lines += ["", f"Speculating on: {spec_name}", speculative_table(paths[spec_name], args.device)]
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.write_text(text)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Everything a GPU run needs, in three parts that each fit one device-tool call (64 MiB with the ~7 MiB tree):
+# Everything a GPU run needs, in 52 MiB parts that each fit one device-tool call (64 MiB with the ~7 MiB tree):
 # onnxruntime-gpu packed for sm_90, the default GGUF and its sha256, the gguf wheel, both kernel libraries.
 #
-#   bash benchmarks/gpu/pack_carry.sh ONNXRUNTIME_GPU_WHEEL GGUF GGUF_WHEEL    (writes .gpu/p/p.00 .. p.02)
+#   bash benchmarks/gpu/pack_carry.sh ONNXRUNTIME_GPU_WHEEL GGUF GGUF_WHEEL    (writes .gpu/p/p.00, p.01, ...)
 #
-# Then, one call after another (the machine stays warm 30 s): carry .gpu/p/p.00 and run `cp .gpu/p/p.00 /tmp/`;
-# carry .gpu/p/p.01 and run `cp .gpu/p/p.01 /tmp/`; carry .gpu/p/p.02 and run `bash benchmarks/gpu/run.sh tests`
-# (run.sh puts the parts together on its first call there).
+# Then, one call after another (the machine stays warm 30 s): carry .gpu/p/p.00 and run `cp .gpu/p/p.00 /tmp/`; the
+# same for p.01; carry the rest and run `bash benchmarks/gpu/run.sh tests` (run.sh joins the parts on its first call
+# there; benchmarks/gpu/README.md).
 set -euo pipefail
 wheel=$1 gguf=$2 gguf_wheel=$3
 mkdir -p .gpu/whl .gpu/p

@@ -16,10 +16,12 @@ shift || true
 OUT=${OUT:-/tmp/edge-gpu-out}
 mkdir -p "$OUT"
 site=/tmp/edge-site
-# The parts of benchmarks/gpu/pack_carry.sh: the first two copied to /tmp by earlier calls, the last one carried.
-if [ -f .gpu/p/p.02 ] && [ ! -f /tmp/edge-parts.done ]; then
-  if ! { cat /tmp/p.00 /tmp/p.01 .gpu/p/p.02 | tar xf - && (cd .gpu && sha256sum -c --quiet smollm2.sha256); }; then
-    echo "the carried parts are incomplete: copy .gpu/p/p.00 and p.01 to /tmp first (benchmarks/gpu/README.md)"
+# The parts of benchmarks/gpu/pack_carry.sh: the first ones copied to /tmp by earlier calls, the rest carried.
+if ls .gpu/p/p.* >/dev/null 2>&1 && [ ! -f /tmp/edge-parts.done ]; then
+  parts=$(ls /tmp/p.* .gpu/p/p.* 2>/dev/null | xargs -n1 basename | sort -u)
+  if ! { for n in $parts; do cat "$([ -f .gpu/p/$n ] && echo .gpu/p/$n || echo /tmp/$n)"; done | tar xf - \
+         && (cd .gpu && sha256sum -c --quiet smollm2.sha256); }; then
+    echo "the carried parts are incomplete: copy the first ones to /tmp first (benchmarks/gpu/README.md)"
     exit 1
   fi
   cp .gpu/smollm2.gguf /tmp/smollm2.gguf && touch /tmp/edge-parts.done

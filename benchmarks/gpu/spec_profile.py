@@ -37,13 +37,13 @@ class Never(Drafter):
 
 
 def package(gguf: Path, dest: Path) -> Path:
-    """The GPU's default export (int4-edge-cuda with its draft head), made once."""
+    """The GPU's default export (int4-edge with its draft head), made once."""
     if not (dest / "manifest.json").exists():
         from edge.default_model import EXPORTS
         from edge.export.gguf import load_gguf
         from edge.export.pipeline import export_model
 
-        export_model(gguf, dest, model=load_gguf(gguf), **EXPORTS["int4-edge-cuda"])
+        export_model(gguf, dest, model=load_gguf(gguf), **EXPORTS["int4-edge"])
     return dest
 
 

@@ -9,6 +9,15 @@
 // order as the plain butterfly), so each output is the same sequence of roundings for any batch: the
 // batch-invariance the CPU kernel gives, and run-to-run determinism (no atomics, no M-dependent split).
 // nvcc runs with --fmad=false so that only the explicit fmaf calls fuse (the reduction stays as written).
+//
+// The norm mode (NORM, float32 only) folds RMSNorm(X + skip) into the same pass: y = r * sum_k ((x + skip) * g)_k w_k
+// with r = 1 / rms(x + skip), and the squares for r are summed while the block reads x for the products (each
+// element by one lane, in the lanes' fixed order, then the warps in order), so the norm adds neither a launch nor a
+// pass over x. A separate norm kernel cost a launch per node, which on a GPU's decode step (set by launches) made the
+// fused graph 3% slower than the unfused one (benchmarks/RESULTS.md, session 25). Above kOnePassRows rows (prefill)
+// every block redoing the norm's work costs more than a launch, so norm_rows_kernel first writes (x + skip) * g and r
+// per row, with the same operations in the same order, and the plain kernel scales its sums by r: the same bits
+// either way, so the op stays batch-invariant. Factoring r out rounds differently from the CPU's ((h * r) * g) w.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -22,6 +31,7 @@ namespace {
 
 constexpr int kMaxWarps = 4;
 constexpr int kMaxRows = 4;  // 8 measured slower on an H100: 254 registers, too few warps per SM
+constexpr int kOnePassRows = 16;  // the norm inside the matmul's pass up to here (decode and verify steps)
 
 struct DeviceArgs {
   const void* x;  // float, or __half for the float16 registration (then y is __half too)
@@ -47,6 +57,8 @@ struct DeviceArgs {
   const int32_t* outlier_cols;
   const int32_t* outlier_rowptr;
   void* y;
+  CudaNorm norm;  // read only by the NORM kernels
+  const float* row_scale;  // plain kernels: each row's sums times this (r, after norm_rows_kernel), or null
 };
 
 __device__ __forceinline__ float to_float(float v) { return v; }
@@ -58,6 +70,19 @@ __device__ __forceinline__ float half_to_float_dev(uint16_t h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
   return f;
+}
+
+__device__ __forceinline__ float inverse_rms(float squares, int64_t k, float epsilon) {
+  return 1.0f / sqrtf(squares / static_cast<float>(k) + epsilon);
+}
+
+// Element k of row m of the matmul's input before the norm's scale: x, or with NORM (x + skip) * weight.
+template <bool NORM, typename T>
+__device__ __forceinline__ float x_at(const DeviceArgs& a, const T* x, int64_t m, int64_t k) {
+  const float v = to_float(__ldg(x + m * a.K + k));
+  if (!NORM) return v;
+  const float h = a.norm.skip != nullptr ? v + __ldg(a.norm.skip + m * a.K + k) : v;
+  return h * __ldg(a.norm.weight + k);
 }
 
 // A two-level statistic of column j of `tile`, group g: base + step * code (built with --fmad=false: the product
@@ -176,7 +201,7 @@ __device__ __forceinline__ int owned_slot(int lane) {
   return slot;
 }
 
-template <int FORM, int BITS, int R, typename T>
+template <int FORM, int BITS, int R, bool NORM, typename T>
 __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int rows) {
   const T* x = static_cast<const T*>(a.x);
   constexpr int UK = BITS == 4 ? 8 : (BITS == 8 ? 4 : 16), UB = BITS == 3 ? 48 : 32, S = 8 * R;
@@ -186,6 +211,10 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
   float acc[S];
 #pragma unroll
   for (int s = 0; s < S; ++s) acc[s] = 0.0f;
+  float squares[R];  // NORM: this lane's sum of (x + skip)^2 per row
+#pragma unroll
+  for (int r = 0; r < R; ++r) squares[r] = 0.0f;
+  const bool write_sum = NORM && a.norm.skip != nullptr && tile == 0;  // X + skip, once per row
   const uint8_t* tile_codes = a.codes + tile * a.tile_bytes;
   for (int64_t u = static_cast<int64_t>(warp) * 32 + lane; u < a.units; u += static_cast<int64_t>(a.warps) * 32) {
     Unit unit;
@@ -201,14 +230,34 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
       float xq[R][4];
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const T* xr = x + (m0 + (r < rows ? r : 0)) * a.K + k0 + 4 * q;
+        const int64_t m = m0 + (r < rows ? r : 0), k = k0 + 4 * q;
+        float h[4];  // x, or with NORM x + skip
         if (vec) {
-          const float4 f = __ldg(reinterpret_cast<const float4*>(xr));
-          xq[r][0] = f.x, xq[r][1] = f.y, xq[r][2] = f.z, xq[r][3] = f.w;
+          float4 f = __ldg(reinterpret_cast<const float4*>(x + m * a.K + k));
+          if (NORM && a.norm.skip != nullptr) {
+            const float4 sk = __ldg(reinterpret_cast<const float4*>(a.norm.skip + m * a.K + k));
+            f.x += sk.x, f.y += sk.y, f.z += sk.z, f.w += sk.w;
+            if (write_sum && r < rows) *reinterpret_cast<float4*>(a.norm.sum + m * a.K + k) = f;
+          }
+          h[0] = f.x, h[1] = f.y, h[2] = f.z, h[3] = f.w;
         } else {
 #pragma unroll
-          for (int t = 0; t < 4; ++t)  // padded k: x = 0
-            xq[r][t] = k0 + 4 * q + t < a.K ? to_float(__ldg(xr + t)) : 0.0f;
+          for (int t = 0; t < 4; ++t) {  // padded k: x = 0
+            h[t] = k + t < a.K ? to_float(__ldg(x + m * a.K + k + t)) : 0.0f;
+            if (NORM && a.norm.skip != nullptr && k + t < a.K) {
+              h[t] += __ldg(a.norm.skip + m * a.K + k + t);
+              if (write_sum && r < rows) a.norm.sum[m * a.K + k + t] = h[t];
+            }
+          }
+        }
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          if (NORM) {
+            squares[r] += h[t] * h[t];
+            xq[r][t] = k + t < a.K ? h[t] * __ldg(a.norm.weight + k + t) : 0.0f;
+          } else {
+            xq[r][t] = h[t];
+          }
         }
       }
 #pragma unroll
@@ -224,6 +273,15 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
     }
   }
   warp_sum<S>(acc, lane);
+  __shared__ float row_squares[kMaxWarps][R];
+  if (NORM) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1) squares[r] += __shfl_xor_sync(0xffffffffu, squares[r], off);
+      if (lane == 0) row_squares[warp][r] = squares[r];
+    }
+  }
   const int first = owned_slot<S>(lane);
   if (S >= 32 || lane % (32 / S) == 0) {
 #pragma unroll
@@ -237,10 +295,16 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
   if (mine) {
     float v = red[0][threadIdx.x];
     for (int w = 1; w < a.warps; ++w) v += red[w][threadIdx.x];
-    const T* xr = x + (m0 + r) * a.K;
     if (a.outlier_rowptr != nullptr) {
       for (int32_t e = a.outlier_rowptr[col]; e < a.outlier_rowptr[col + 1]; ++e)
-        v += half_to_float_dev(a.outlier_values[e]) * to_float(xr[a.outlier_cols[e]]);
+        v += half_to_float_dev(a.outlier_values[e]) * x_at<NORM>(a, x, m0 + r, a.outlier_cols[e]);
+    }
+    if (NORM) {
+      float squares_total = row_squares[0][r];
+      for (int w = 1; w < a.warps; ++w) squares_total += row_squares[w][r];
+      v *= inverse_rms(squares_total, a.K, a.norm.epsilon);
+    } else if (a.row_scale != nullptr) {
+      v *= a.row_scale[m0 + r];
     }
     if (a.bias != nullptr) v += a.bias[col];
     if (a.gated) done[threadIdx.x] = v;
@@ -256,60 +320,145 @@ __device__ void tile_rows(const DeviceArgs& a, int64_t tile, int64_t m0, int row
   }
 }
 
-// blockIdx.x: tile; blockIdx.y: rows m0 + R*y .. + R-1. R is the kernel's, chosen per launch; the sums do not
-// depend on it, so a full launch of R = 4 and a tail launch of fewer rows give every row the same bits.
-template <int FORM, int BITS, int R, typename T>
-__global__ void __launch_bounds__(kMaxWarps * 32, R >= 2 ? 4 : 8) qmatmul_kernel(DeviceArgs a, int64_t m_begin) {
-  const int64_t m0 = m_begin + static_cast<int64_t>(blockIdx.y) * R;
-  const int rows = static_cast<int>(a.M - m0 < R ? a.M - m0 : R);
-  tile_rows<FORM, BITS, R, T>(a, blockIdx.x, m0, rows);
+// The norm ahead of a plain launch (many rows): block m writes row m's (x + skip) * g into xn, x + skip into the
+// norm's sum, and r into row_scale, summing the squares exactly as tile_rows does (a lane's units in order, the
+// xor-16..1 butterfly, the warps in order), so that the plain kernel's y equals the NORM kernel's bit for bit.
+template <int UK>
+__global__ void norm_rows_kernel(const float* __restrict__ x, CudaNorm n, int64_t K, int64_t units, int warps,
+                                 float* __restrict__ xn, float* __restrict__ row_scale) {
+  __shared__ float part[kMaxWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * K;
+  float squares = 0.0f;
+  for (int64_t u = static_cast<int64_t>(warp) * 32 + lane; u < units; u += static_cast<int64_t>(warps) * 32) {
+#pragma unroll
+    for (int i = 0; i < UK; ++i) {
+      const int64_t k = u * UK + i;
+      float h = k < K ? x[row + k] : 0.0f;  // padded k: 0
+      if (k < K && n.skip != nullptr) {
+        h += n.skip[row + k];
+        n.sum[row + k] = h;
+      }
+      squares += h * h;
+      if (k < K) xn[row + k] = h * n.weight[k];
+    }
+  }
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) squares += __shfl_xor_sync(0xffffffffu, squares, off);
+  if (lane == 0) part[warp] = squares;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = part[0];
+    for (int w = 1; w < warps; ++w) total += part[w];
+    row_scale[blockIdx.x] = inverse_rms(total, K, n.epsilon);
+  }
 }
 
-template <int FORM, int BITS, typename T>
+// Device memory that only grows, one per host thread (a session's nodes run in order on its stream, and a run ends
+// with the stream synchronised, so the next node or run on this thread may reuse it).
+struct DeviceBuffer {
+  void* data = nullptr;
+  size_t bytes = 0;
+  ~DeviceBuffer() {
+    if (data != nullptr) cudaFree(data);  // at process exit the context may be gone already: nothing to report
+  }
+  std::string reserve(size_t wanted) {
+    if (wanted <= bytes) return "";
+    if (data != nullptr) cudaFree(data);  // cudaFree waits for the device, so no queued kernel still reads it
+    data = nullptr;
+    bytes = 0;
+    if (cudaMalloc(&data, wanted) != cudaSuccess) return "cannot allocate " + std::to_string(wanted) + " bytes";
+    bytes = wanted;
+    return "";
+  }
+};
+
+// Many rows in norm mode: norm_rows_kernel into this thread's scratch, then the plain kernels on it.
+std::string launch_norm_rows(DeviceArgs& a, cudaStream_t s) {
+  thread_local DeviceBuffer scratch;
+  const size_t floats = static_cast<size_t>(a.M) * static_cast<size_t>(a.K + 1);
+  if (std::string err = scratch.reserve(floats * sizeof(float)); !err.empty()) return err;
+  float* xn = static_cast<float*>(scratch.data);
+  float* row_scale = xn + a.M * a.K;
+  const float* x = static_cast<const float*>(a.x);
+  const dim3 grid(static_cast<unsigned>(a.M)), block(a.warps * 32);
+  if (a.bits == 4) norm_rows_kernel<8><<<grid, block, 0, s>>>(x, a.norm, a.K, a.units, a.warps, xn, row_scale);
+  else if (a.bits == 8) norm_rows_kernel<4><<<grid, block, 0, s>>>(x, a.norm, a.K, a.units, a.warps, xn, row_scale);
+  else norm_rows_kernel<16><<<grid, block, 0, s>>>(x, a.norm, a.K, a.units, a.warps, xn, row_scale);
+  a.x = xn;
+  a.row_scale = row_scale;
+  a.vec_x = a.K % 4 == 0;  // xn rows start 16-byte aligned when K % 4 == 0 (cudaMalloc aligns the base)
+  return "";
+}
+
+// blockIdx.x: tile; blockIdx.y: rows m0 + R*y .. + R-1. R is the kernel's, chosen per launch; the sums do not
+// depend on it, so a full launch of R = 4 and a tail launch of fewer rows give every row the same bits.
+// The norm's kernels keep fewer blocks per SM for more registers (the default's 4-bit one spilled 48 bytes at 64):
+// the nodes they serve have 72-384 column tiles, under 3 blocks per SM at one row group.
+template <int FORM, int BITS, int R, bool NORM, typename T>
+__global__ void __launch_bounds__(kMaxWarps * 32, NORM ? (R >= 2 ? 3 : 4) : (R >= 2 ? 4 : 8))
+    qmatmul_kernel(DeviceArgs a, int64_t m_begin) {
+  const int64_t m0 = m_begin + static_cast<int64_t>(blockIdx.y) * R;
+  const int rows = static_cast<int>(a.M - m0 < R ? a.M - m0 : R);
+  tile_rows<FORM, BITS, R, NORM, T>(a, blockIdx.x, m0, rows);
+}
+
+template <int FORM, int BITS, bool NORM, typename T>
 void launch_bits(const DeviceArgs& a, cudaStream_t s) {
   const int64_t full = a.M / kMaxRows, tail = a.M % kMaxRows;
   const dim3 block(a.warps * 32);
-  if (full > 0) qmatmul_kernel<FORM, BITS, kMaxRows, T><<<dim3(a.tiles, full), block, 0, s>>>(a, 0);
+  if (full > 0) qmatmul_kernel<FORM, BITS, kMaxRows, NORM, T><<<dim3(a.tiles, full), block, 0, s>>>(a, 0);
   const int64_t m = full * kMaxRows;
-  if (tail == 1) qmatmul_kernel<FORM, BITS, 1, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
-  else if (tail == 2) qmatmul_kernel<FORM, BITS, 2, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
-  else if (tail > 0) qmatmul_kernel<FORM, BITS, kMaxRows, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+  if (tail == 1) qmatmul_kernel<FORM, BITS, 1, NORM, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+  else if (tail == 2) qmatmul_kernel<FORM, BITS, 2, NORM, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
+  else if (tail > 0) qmatmul_kernel<FORM, BITS, kMaxRows, NORM, T><<<dim3(a.tiles, 1), block, 0, s>>>(a, m);
 }
 
-template <int FORM, typename T>
+template <int FORM, bool NORM, typename T>
 void launch_form(const DeviceArgs& a, cudaStream_t s) {
-  if (a.bits == 4) launch_bits<FORM, 4, T>(a, s);
-  else if (a.bits == 8) launch_bits<FORM, 8, T>(a, s);
-  else if (a.bits == 3) launch_bits<FORM, 3, T>(a, s);
-  else launch_bits<FORM, 2, T>(a, s);
+  if (a.bits == 4) launch_bits<FORM, 4, NORM, T>(a, s);
+  else if (a.bits == 8) launch_bits<FORM, 8, NORM, T>(a, s);
+  else if (a.bits == 3) launch_bits<FORM, 3, NORM, T>(a, s);
+  else launch_bits<FORM, 2, NORM, T>(a, s);
 }
 
-template <typename T>
+template <bool NORM, typename T>
 void launch_type(const DeviceArgs& a, cudaStream_t s) {
-  if (a.scale_codes) launch_form<kTwoLevel, T>(a, s);
-  else if (a.mins_f32 || a.mins_f16) launch_form<kMins, T>(a, s);
-  else launch_form<kZeros, T>(a, s);
+  if (a.scale_codes) launch_form<kTwoLevel, NORM, T>(a, s);
+  else if (a.mins_f32 || a.mins_f16) launch_form<kMins, NORM, T>(a, s);
+  else launch_form<kZeros, NORM, T>(a, s);
 }
 
 }  // namespace
 
-std::string launch_qmatmul_cuda(const QMatMulArgs& h, const uint16_t* x16, uint16_t* y16, void* stream) {
+std::string launch_qmatmul_cuda(const QMatMulArgs& h, const uint16_t* x16, uint16_t* y16, const CudaNorm* norm,
+                                void* stream) {
   if (h.M == 0) return "";
   if (reinterpret_cast<uintptr_t>(h.codes) % 16 != 0) return "the packed codes must be 16-byte aligned";
   const bool half = x16 != nullptr;
+  if (half && norm != nullptr) return "the norm needs float32 X";
   const void* x = half ? static_cast<const void*>(x16) : h.x;
-  const bool vec_x = !half && h.K % 4 == 0 && reinterpret_cast<uintptr_t>(h.x) % 16 == 0;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec_x = !half && h.K % 4 == 0 && aligned(h.x) &&
+                     (norm == nullptr || (aligned(norm->weight) && aligned(norm->skip) && aligned(norm->sum)));
   const int64_t units = h.Kp / unit_k(h.bits);
   const int warps = static_cast<int>(units >= 96 ? kMaxWarps : (units + 31) / 32);
   DeviceArgs a{x, h.M, h.K, h.G, h.tiles, h.tile_bytes, h.group, units, static_cast<int>(h.N), h.bits, warps,
                h.gated, vec_x, h.codes, h.scales, h.scales_f16, h.zeros_u8, h.zeros_f32, h.mins_f32, h.mins_f16,
                h.scale_codes, h.scale_stats, h.zero_codes, h.zero_stats, h.stat_rows,
                static_cast<int>(h.stat_row_count), h.bias, h.outlier_values, h.outlier_cols,
-               h.outlier_rowptr, half ? static_cast<void*>(y16) : h.y};
+               h.outlier_rowptr, half ? static_cast<void*>(y16) : h.y, norm != nullptr ? *norm : CudaNorm{}, nullptr};
   if (h.tiles > 0x7fffffff || h.M / kMaxRows > 65535) return "too many rows or columns for one launch";
   const auto s = static_cast<cudaStream_t>(stream);
-  if (half) launch_type<__half>(a, s);
-  else launch_type<float>(a, s);
+  if (half) {
+    launch_type<false, __half>(a, s);
+  } else if (norm != nullptr && h.M <= kOnePassRows) {
+    launch_type<true, float>(a, s);
+  } else {
+    if (norm != nullptr)
+      if (std::string err = launch_norm_rows(a, s); !err.empty()) return err;
+    launch_type<false, float>(a, s);
+  }
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? std::string() : std::string("CUDA launch failed: ") + cudaGetErrorString(err);
 }

@@ -17,6 +17,6 @@ extern "C" __attribute__((visibility("default"))) const char* edge_qmatmul_cuda(
   a.codes = codes, a.scales = scales, a.zeros_u8 = zeros_u8, a.zeros_f32 = zeros_f32, a.bias = bias;
   a.outlier_values = outlier_values, a.outlier_cols = outlier_cols, a.outlier_rowptr = outlier_rowptr;
   a.outlier_nnz = nnz, a.y = y;
-  error = edge::launch_qmatmul_cuda(a, nullptr, nullptr, stream);
+  error = edge::launch_qmatmul_cuda(a, nullptr, nullptr, nullptr, stream);
   return error.empty() ? nullptr : error.c_str();
 }

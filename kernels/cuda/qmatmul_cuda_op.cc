@@ -2,7 +2,6 @@
 // output in device memory, work queued on ORT's compute stream (OrtApi slot 193).
 #include "qmatmul_cuda.h"
 #include "qmatmul_op.h"
-#include "rms_norm_cuda.h"
 
 namespace edge {
 
@@ -17,17 +16,9 @@ OrtStatus* compute_cuda(void* kernel, OrtKernelContext* ctx) {
   if (t.args.M == 0) return nullptr;
   void* stream = nullptr;
   if (OrtStatus* st = g_ort.KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
-  std::string err;
-  if (k->norm) {  // the rows normalised into this thread's scratch, in stream order before the matmul reads them
-    thread_local DeviceBuffer normed;
-    err = normed.reserve(static_cast<size_t>(t.args.M * t.args.K) * sizeof(float));
-    if (err.empty())
-      err = launch_rms_norm_cuda(t.args.x, t.skip, t.norm_weight, k->norm_epsilon, t.args.M, t.args.K, t.sum,
-                                 static_cast<float*>(normed.data), stream);
-    t.args.x = static_cast<const float*>(normed.data);
-  }
+  CudaNorm norm{t.skip, t.norm_weight, t.sum, k->norm_epsilon};
   // Outlier indices live on the device and are not range-checked here (the CPU op checks them).
-  if (err.empty()) err = launch_qmatmul_cuda(t.args, t.x16, t.y16, stream);
+  const std::string err = launch_qmatmul_cuda(t.args, t.x16, t.y16, k->norm ? &norm : nullptr, stream);
   return err.empty() ? nullptr : make_status(kOrtRuntimeException, "edge.QMatMul (CUDA): " + err);
 }
 
