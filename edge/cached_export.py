@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-from edge.default_model import EXPORT_REVISIONS, EXPORTS, cache_dir, default_quant
+from edge.default_model import EXPORT_REVISIONS, EXPORTS, cache_dir, default_quant, remove_stale_exports
 from edge.package import MANIFEST
 
 GGUF_MAGIC = b"GGUF"
@@ -64,6 +64,7 @@ def cached_export(source: str | os.PathLike, device: str = "cpu") -> Path:
     options = {k: v for k, v in EXPORTS.get(quant, {"quant": quant}).items() if k != "draft_head"}
     print(f"edge: exporting {source} once ({quant}) into {target}", file=sys.stderr, flush=True)
     export_model(source, target, overwrite=True, progress=True, **options)
+    remove_stale_exports(quant)
     return target
 
 

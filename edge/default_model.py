@@ -38,6 +38,8 @@ EXPORTS = {"int4-edge": dict(quant="int4", kernels="edge", accuracy_level=4, zer
 # Bumped when a named export's options or graph change: its cache folder gets a new name, so an older export is not
 # reused (6: RMSNorms inside edge.QMatMul).
 EXPORT_REVISIONS = {"int4-edge": 6}
+# Named exports an older edge made and this one never uses: the GPU's own graph (norms as nodes) until session 28.
+RETIRED_EXPORTS = ("int4-edge-cuda",)
 
 
 def cache_dir() -> Path:
@@ -124,16 +126,21 @@ def default_package(quant: str = DEFAULT_QUANT) -> Path:
     if (target / "manifest.json").exists():
         return target
     export_model(default_gguf(), target, **EXPORTS.get(quant, {"quant": quant}), progress=True)
-    _remove_older_revisions(quant)
+    remove_stale_exports(quant)
     return target
 
 
-def _remove_older_revisions(quant: str) -> None:
-    """Delete the cached exports an older edge made of this named export (they are never used again)."""
+def remove_stale_exports(quant: str) -> None:
+    """Delete the cached exports an older edge made of this named export, and those of retired exports (of the
+    default model and of other sources, edge.cached_export): they are never used again."""
     import shutil
 
     revision = EXPORT_REVISIONS.get(quant, 0)
-    base = cache_dir() / "models" / f"smollm2-135m-instruct-{quant}"
-    for old in [base, *(base.with_name(f"{base.name}-r{r}") for r in range(2, revision))] if revision else []:
-        if (old / "manifest.json").exists():
-            shutil.rmtree(old, ignore_errors=True)
+    models = cache_dir() / "models"
+    base = models / f"smollm2-135m-instruct-{quant}"
+    old = [base, *(base.with_name(f"{base.name}-r{r}") for r in range(2, revision))] if revision else []
+    for name in RETIRED_EXPORTS:
+        old += [models / f"smollm2-135m-instruct-{name}", *models.glob(f"exports/*-{name}")]
+    for folder in old:
+        if (folder / "manifest.json").exists():
+            shutil.rmtree(folder, ignore_errors=True)

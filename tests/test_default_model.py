@@ -1,4 +1,5 @@
-"""The default model's cache: named exports get a folder per revision, and an older revision's folder goes."""
+"""The default model's cache: named exports get a folder per revision, and an older revision's folder (or a retired
+export's) goes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ def test_a_new_export_revision_replaces_the_older_cached_one(monkeypatch, tmp_pa
     old = models / "smollm2-135m-instruct-int4-edge"  # revision 1 had no suffix
     older = models / "smollm2-135m-instruct-int4-edge-r2"
     other = models / "smollm2-135m-instruct-int4-edge-acc0"  # a benchmark's own export: kept
-    for folder in (old, older, other):
+    retired = [models / "smollm2-135m-instruct-int4-edge-cuda",  # the GPU's own export until session 28
+               models / "exports" / "my-model-0123456789ab-int4-edge-cuda"]
+    for folder in (old, older, other, *retired):
         folder.mkdir(parents=True)
         (folder / "manifest.json").write_text("{}")
     exported = []
@@ -31,4 +34,5 @@ def test_a_new_export_revision_replaces_the_older_cached_one(monkeypatch, tmp_pa
     assert target.name == f"smollm2-135m-instruct-int4-edge-r{default_model.EXPORT_REVISIONS['int4-edge']}"
     assert exported == [{**default_model.EXPORTS["int4-edge"], "progress": True}]
     assert not old.exists() and not older.exists() and other.exists()
+    assert not any(folder.exists() for folder in retired)
     assert default_model.default_package("int4-edge") == target and len(exported) == 1  # cached now
