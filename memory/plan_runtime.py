@@ -88,7 +88,8 @@ def plan_package(package: Package, budget: int | float | str, *, profile: str | 
     try:
         result = planner.plan(budget_bytes, context=context)
     except BudgetError as exc:
-        raise BudgetError(f"{exc} (budget from {source})") from None
+        raise BudgetError(f"{exc}" + (f" (the budget: {source})" if source != format_bytes(budget_bytes) else "")) \
+            from None
     return RuntimePlan(result, source)
 
 

@@ -301,7 +301,7 @@ class Planner:
             raise BudgetError(
                 f"budget {format_bytes(budget)} ({budget:,} bytes) is too small for {self.model.target.name}: "
                 f"{bounds.describe()}. Raise the budget, use a smaller or lower-bit model"
-                + ("" if self.allow_paging else ", or allow weight paging"))
+                + ("" if self.allow_paging else ", or export it for weight paging (edge-export --paged)"))
         best = min(self._candidates(chosen_context, budget, paged),
                    key=lambda p: (self._request_seconds(p), self.model.estimate(p).peak))
         return self._result(self._with_free_tree(best, budget), budget)

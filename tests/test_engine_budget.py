@@ -63,7 +63,9 @@ def test_budget_under_the_bound_is_refused_before_any_session(package, bound, mo
         Engine(package, budget=budget, threads=1)
     message = str(info.value)
     assert f"{budget:,} bytes" in message and f"{bound:,} bytes" in message
-    assert format_bytes(budget) in message
+    assert format_bytes(budget) in message and "(the budget:" not in message  # a plain size is said once
+    with pytest.raises(BudgetError, match=r"\(the budget: .* on profile cpu-laptop-8gb\)"):
+        Engine(package, budget=budget, profile="cpu-laptop-8gb", threads=1)
 
 
 def test_profile_names_are_budgets_and_unknown_ones_list_the_known(package):

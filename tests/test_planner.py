@@ -137,7 +137,7 @@ def test_paging_is_a_last_resort_and_fits_a_3gb_model_in_a_quarter():
     config = ModelConfig("llama", vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32,
                          num_heads=32, num_kv_heads=8, head_dim=128, max_context=4096)
     target = ModelSpec.from_config(config, "int4", weight_bytes=3 * GiB, name="synthetic")
-    with pytest.raises(BudgetError, match="allow weight paging"):
+    with pytest.raises(BudgetError, match="export it for weight paging"):
         plan_for(target, 3 * GiB // 4)
     paged = plan_for(target, 3 * GiB // 4, allow_paging=True)
     assert paged.plan.resident_layers is not None and paged.memory.peak <= 3 * GiB // 4
