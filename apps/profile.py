@@ -127,7 +127,7 @@ def report(prediction: Prediction, rows, recorder, measured_rate: float, prefill
         verdict = "within" if peak <= prediction.budget else "OVER"
         lines.append(f"measured peak {format_bytes(peak)} is {verdict} the budget of {format_bytes(prediction.budget)}")
     lines.append(f"prefill {prompt} tokens at {prefill_rate:.1f} tok/s; decode {tokens} tokens at "
-                 f"{measured_rate:.1f} tok/s (planner's bandwidth bound {prediction.decode_tokens_per_s:.1f})")
+                 f"{measured_rate:.1f} tok/s (planner's upper bound {prediction.decode_tokens_per_s:.1f})")
     return "\n".join(lines)
 
 
@@ -171,7 +171,7 @@ def write_chart(path: str, prediction: Prediction, rows, sweep, figures, text: s
         ("Budgets planned by the planner", html_table(
             [(format_bytes(r["budget"]), r["context"], r["draft"], "yes" if r["paged"] else "no",
               f"{r['tokens_per_s']:.1f}") for r in sweep],
-            ["budget", "context", "draft length", "weights paged", "predicted tok/s (bandwidth bound)"])),
+            ["budget", "context", "draft length", "weights paged", "predicted tok/s (upper bound)"])),
     ]
     return write_atomic(target, html_page("edge-profile", figures, tables, notes=text))
 

@@ -10,9 +10,11 @@ Policy, in order, so that more budget never buys less:
 
 Speed model: a decode step streams the weights once, so a 1-token step of a model takes bytes_read / memory bandwidth;
 an S-token step costs cost(S) times that (a measured cost curve); paged layers are read from disk once per step,
-overlapped with compute. A drafted level is accepted with probability alpha; a tree of `tree_width` candidates per
-level along the draft's top-1 path accepts some candidate with 1 - (1 - alpha)^width (candidates taken as
-independent, an optimistic approximation), which for width 1 gives the chain's (1 - alpha^(k+1)) / (1 - alpha).
+overlapped with compute. No step takes less than the device's dispatch time per layer times the layers (a GPU's
+launches: an H200 decoded SmolLM2 at 2.65 ms a token where its bandwidth alone would allow 0.02 ms). A drafted level
+is accepted with probability alpha; a tree of `tree_width` candidates per level along the draft's top-1 path accepts
+some candidate with 1 - (1 - alpha)^width (candidates taken as independent, an optimistic approximation), which for
+width 1 gives the chain's (1 - alpha^(k+1)) / (1 - alpha).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from edge.memory.profiles import DeviceProfile, load_profile
 # onnxruntime-genai SmolLM2-135M graphs (shared/notes/peers.md): MatMulNBits int4 (accuracy_level 4) and fp32 MatMul.
 INT4_COST_POINTS = {1: 1.0, 2: 1.64, 4: 2.89, 8: 3.06, 16: 4.16}
 FP32_COST_POINTS = {1: 1.0, 2: 1.02, 4: 1.10, 8: 1.31, 16: 1.78}
+# On a GPU: an H200, edge.QMatMul's CUDA kernel, the default int4 package (benchmarks/RESULTS.md, kernels, session 28).
+CUDA_COST_POINTS = {1: 1.0, 2: 1.0, 4: 1.06, 8: 1.16, 16: 1.31}
 
 # Acceptance rate per drafted token when none is given: Leviathan et al. 2023 ("Fast Inference from Transformers via
 # Speculative Decoding", table 3) report alpha between about 0.5 and 0.8 for their target/draft pairs; 0.6 is a
@@ -78,10 +82,14 @@ class CostCurve:
 
 INT4_COST = CostCurve.of(INT4_COST_POINTS)
 FP32_COST = CostCurve.of(FP32_COST_POINTS)
+CUDA_COST = CostCurve.of(CUDA_COST_POINTS)
 
 
-def default_cost_curve(quant: str) -> CostCurve:
-    """The measured curve of the weight format (integer formats use the int4 curve, the only one measured)."""
+def default_cost_curve(quant: str, kind: str = "cpu") -> CostCurve:
+    """The measured curve of the device kind and weight format (on the CPU integer formats use the int4 curve, the
+    only one measured; on a GPU the one curve measured there)."""
+    if kind == "cuda":
+        return CUDA_COST
     return FP32_COST if quant in FLOAT_BYTES else INT4_COST
 
 
@@ -100,13 +108,16 @@ class SpeedModel:
     target_cost: CostCurve
     draft_cost: CostCurve
     alpha: float
+    layer_dispatch: float = 0.0  # seconds a step takes per layer at least (DeviceProfile.layer_dispatch_seconds)
 
     def target_step(self, model: MemoryModel, plan: Plan, tokens: int) -> float:
         compute = self.target_cost(tokens) * model.target.bytes_read_per_token / self.memory_bandwidth
-        return max(compute, model.disk_bytes_per_pass(plan) / self.disk_bandwidth)
+        dispatch = model.target.config.num_layers * self.layer_dispatch
+        return max(compute, dispatch, model.disk_bytes_per_pass(plan) / self.disk_bandwidth)
 
     def draft_step(self, model: MemoryModel, tokens: int) -> float:
-        return self.draft_cost(tokens) * model.draft.bytes_read_per_token / self.memory_bandwidth
+        compute = self.draft_cost(tokens) * model.draft.bytes_read_per_token / self.memory_bandwidth
+        return max(compute, model.draft.config.num_layers * self.layer_dispatch)
 
     def decode_rate(self, model: MemoryModel, plan: Plan) -> float:
         """Generated tokens per second. A model-free drafter's tree is a memory reservation, not a predicted
@@ -362,10 +373,12 @@ def make_planner(target: ModelSpec | Mapping[str, Any] | str | Path, *, draft: A
     speed = SpeedModel(
         memory_bandwidth=speed_device.memory_bandwidth,
         disk_bandwidth=speed_device.disk_read_bandwidth,
-        target_cost=CostCurve.of(cost_curve) if cost_curve else default_cost_curve(target_spec.quant),
+        target_cost=(CostCurve.of(cost_curve) if cost_curve
+                     else default_cost_curve(target_spec.quant, speed_device.kind)),
         draft_cost=(CostCurve.of(draft_cost_curve) if draft_cost_curve
-                    else default_cost_curve(draft_spec.quant if draft_spec else target_spec.quant)),
+                    else default_cost_curve(draft_spec.quant if draft_spec else target_spec.quant, speed_device.kind)),
         alpha=DEFAULT_ALPHA if alpha is None else alpha,
+        layer_dispatch=speed_device.layer_dispatch_seconds,
     )
     if not 0.0 <= speed.alpha < 1.0:
         raise BudgetError(f"acceptance rate alpha must be in [0, 1), got {speed.alpha}")

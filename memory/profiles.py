@@ -33,6 +33,9 @@ class DeviceProfile:
     compute_capability: str  # CUDA compute capability ("8.9"), or the CPU's vector ISA ("avx2")
     description: str = ""
     runtime_overhead_bytes: int | None = None  # None: the measured CPU runtime overhead of edge.memory.budget
+    # The least time a decode step spends per layer whatever the bytes (launches and onnxruntime's dispatch of the
+    # layer's nodes): on a GPU it, not bandwidth, sets a small model's step. 0: bandwidth alone.
+    layer_dispatch_seconds: float = 0.0
 
 
 def _profile_files() -> dict[str, Any]:
@@ -57,6 +60,9 @@ def parse_profile(data: dict[str, Any], name: str) -> DeviceProfile:
         if not isinstance(data[key], (int, float)) or isinstance(data[key], bool) or data[key] <= 0:
             raise ProfileError(f"device profile {name!r}: {key} must be a positive number, got {data[key]!r}")
     overhead = data.get("runtime_overhead_mib")
+    dispatch = data.get("layer_dispatch_us", 0.0)
+    if not isinstance(dispatch, (int, float)) or isinstance(dispatch, bool) or dispatch < 0:
+        raise ProfileError(f"device profile {name!r}: layer_dispatch_us must be a number >= 0, got {dispatch!r}")
     return DeviceProfile(
         name=name,
         kind=data["kind"],
@@ -66,6 +72,7 @@ def parse_profile(data: dict[str, Any], name: str) -> DeviceProfile:
         compute_capability=str(data["compute_capability"]),
         description=str(data.get("description", "")),
         runtime_overhead_bytes=None if overhead is None else int(overhead * MiB),
+        layer_dispatch_seconds=float(dispatch) * 1e-6,
     )
 
 

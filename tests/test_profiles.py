@@ -33,8 +33,10 @@ def test_each_profile_loads_with_sane_numbers(name):
     if p.kind == "cuda":
         assert re.fullmatch(r"\d\.\d", p.compute_capability)
         assert p.runtime_overhead_bytes and p.runtime_overhead_bytes > 0
+        assert 50e-6 <= p.layer_dispatch_seconds <= 1e-3  # launches bound a GPU's step (planner)
     else:
         assert p.runtime_overhead_bytes is None  # the measured CPU overhead applies
+        assert p.layer_dispatch_seconds == 0.0
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -76,6 +78,7 @@ def test_profile_from_a_file(tmp_path):
 
 @pytest.mark.parametrize("change,message", [
     ({"kind": "tpu"}, "kind"), ({"memory_gib": 0}, "memory_gib"), ({"disk_read_gb_s": "fast"}, "disk_read_gb_s"),
+    ({"layer_dispatch_us": -1}, "layer_dispatch_us"),
 ])
 def test_malformed_profiles_are_explained(change, message):
     data = tomllib.loads((resources.files("edge.profiles") / "cpu-laptop-8gb.toml").read_text()) | change
