@@ -38,9 +38,9 @@ def parser() -> argparse.ArgumentParser:
                    help="a chat that fills the context: stop with an error (default) or drop the oldest turns")
     p.add_argument("--threads", type=int)
     p.add_argument("--draft", metavar="DRAFTER",
-                   help="speculative decoding: prompt-lookup, recycling, head (the package's trained draft head, see "
-                        "edge-export --draft-head), lookup+head, auto (lookup+head, or lookup+recycling for a "
-                        "package without a head), skip (the package's "
+                   help="speculative decoding: prompt-lookup, recycling, lookup+recycling, head (the package's trained "
+                        "draft head, see edge-export --draft-head), lookup+head, auto (lookup+head on a CPU, "
+                        "lookup+recycling on a GPU or for a package without a head), skip (the package's "
                         "skip-layer self-draft, see edge-export --self-draft), lookup+skip, or a draft package's "
                         "folder, GGUF file or Hugging Face folder (same tokenizer; prompt lookup first, the draft "
                         "model otherwise)")

@@ -35,8 +35,8 @@ from edge.memory.profiles import DeviceProfile, load_profile
 # onnxruntime-genai SmolLM2-135M graphs (shared/notes/peers.md): MatMulNBits int4 (accuracy_level 4) and fp32 MatMul.
 INT4_COST_POINTS = {1: 1.0, 2: 1.64, 4: 2.89, 8: 3.06, 16: 4.16}
 FP32_COST_POINTS = {1: 1.0, 2: 1.02, 4: 1.10, 8: 1.31, 16: 1.78}
-# On a GPU: an H200, edge.QMatMul's CUDA kernel, the default int4 package (benchmarks/RESULTS.md, kernels, session 28).
-CUDA_COST_POINTS = {1: 1.0, 2: 1.0, 4: 1.06, 8: 1.16, 16: 1.31}
+# On a GPU: an H200, edge.QMatMul's CUDA kernel, the default int4 package (benchmarks/RESULTS.md, kernels, session 29).
+CUDA_COST_POINTS = {1: 1.0, 2: 1.08, 4: 1.22, 8: 1.43, 16: 1.78}
 
 # Acceptance rate per drafted token when none is given: Leviathan et al. 2023 ("Fast Inference from Transformers via
 # Speculative Decoding", table 3) report alpha between about 0.5 and 0.8 for their target/draft pairs; 0.6 is a

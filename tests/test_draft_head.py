@@ -194,7 +194,7 @@ def test_the_hidden_output_is_the_final_normed_state(trained):
     np.testing.assert_allclose(decoder.hidden[0], want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("spec", ["head", "lookup+head", "auto"])  # auto: lookup+head where there is a head
+@pytest.mark.parametrize("spec", ["head", "lookup+head", "auto"])  # auto: lookup+head on a CPU
 def test_speculation_with_the_head_emits_exactly_plain_greedy(trained, spec):
     _, _, package, _, _ = trained
     plain = Engine(package, context_length=96, threads=1)
@@ -210,6 +210,15 @@ def test_speculation_with_the_head_emits_exactly_plain_greedy(trained, spec):
         assert engine.tokens == prompt + expected[:-1]
         accepted += engine.stats.speculative.accepted
     assert accepted > 10  # the head's guesses were verified and kept, not just proposed
+
+
+def test_auto_takes_recycling_over_the_head_on_a_gpu(trained, monkeypatch):
+    """On a GPU a verify row is nearly free and a head step costs a dispatch-bound share of a target step."""
+    _, _, package, _, _ = trained
+    engine = Engine(package, context_length=96, threads=1)
+    assert [d.name for d in make_speculator("auto", engine).drafters] == ["prompt-lookup", "head"]
+    monkeypatch.setattr(engine.decoder, "device", "cuda")  # only the choice reads it here
+    assert [d.name for d in make_speculator("auto", engine).drafters] == ["prompt-lookup", "recycling"]
 
 
 def test_a_quantized_head_still_guesses(trained):

@@ -9,6 +9,7 @@ from edge.export.pipeline import export_model
 from edge.model import Decoder
 from edge.package import load_package
 from edge.speculative import AdaptiveDepth, CostCurve, Pace, adaptive
+from edge.speculative.adaptive import measured_sizes
 from tiny_models import tiny_llama
 
 FLAT = CostCurve((1, 2, 4, 8, 16), (1.0, 1.02, 1.10, 1.31, 1.78))  # float32 weights on this CPU
@@ -115,6 +116,19 @@ def test_measuring_leaves_the_cache_as_it_was_and_is_cached(tmp_path, monkeypatc
     files = list((tmp_path / "cache" / "speculative").glob("cost-*-t1-r16.json"))  # keyed by package, threads and rows
     assert len(files) == 1
     assert CostCurve.cached(decoder, threads=1) == curve  # read back, not measured again
+
+
+def test_sizes_reach_32_rows_where_the_step_and_the_cache_allow(tmp_path):
+    """A GPU's recycling tree verifies 25 rows: its cost is measured, not extrapolated from 16, where a step may score
+    that many rows and the cache leaves as long a past."""
+    _, imported = tiny_llama(seed=2)
+    package = load_package(export_model("tiny", tmp_path / "p", quant="fp32", model=imported))
+    assert measured_sizes(Decoder(package, context_length=64, threads=1)) == (1, 2, 4, 8, 16, 32)
+    assert measured_sizes(Decoder(package, context_length=63, threads=1)) == (1, 2, 4, 8, 16)
+    assert measured_sizes(Decoder(package, context_length=64, threads=1, max_rows=9)) == (1, 2, 4, 8)
+    assert measured_sizes(Decoder(package, context_length=64, threads=1, max_rows=1)) == (1,)
+    curve = CostCurve.measure(Decoder(package, context_length=64, threads=1), repeats=1)
+    assert curve.sizes == (1, 2, 4, 8, 16, 32) and all(np.diff(curve.seconds) >= 0)
 
 
 def test_a_curve_measured_beside_busy_neighbours_is_used_but_not_kept(tmp_path, monkeypatch):

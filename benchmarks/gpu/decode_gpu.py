@@ -3,7 +3,7 @@
 The default package (int4 on edge's kernels, exported here from the GGUF): prefill of benchmarks/decode.py's
 prompt, 128 greedy tokens, and the cost of an M-token step with M logits rows (what verifying M drafted tokens
 costs) relative to a 1-token step; the GPU's greedy tokens against the CPU's for the same package; then speculative
-decoding on the GPU: plain vs prompt lookup on benchmarks/speculative.py's prompts (tokens/s, identical output).
+decoding on the GPU: plain vs each drafter and auto on benchmarks/speculative.py's prompts (tokens/s, identical output).
 
     python benchmarks/gpu/decode_gpu.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf [--work DIR] [--runs 3] [--out F]
         [--speculative-package N] [--no-peer] [--no-speculative]
@@ -126,41 +126,42 @@ def transformers_peer(gguf: Path, ids: list[int], runs: int) -> list[str]:
     return rows
 
 
-DRAFTERS = ("prompt-lookup", "recycling", "head", "auto")
+DRAFTERS = ("prompt-lookup", "recycling", "head", "lookup+head", "lookup+recycling", "auto")
 
 
-def speculative_table(path: Path, device: str) -> str:
-    """Plain vs each drafter on the GPU, benchmarks/speculative.py's categories, 2 alternating runs each."""
+def speculative_table(path: Path, device: str, runs: int) -> str:
+    """Plain vs each drafter on the GPU, benchmarks/speculative.py's categories, `runs` alternating runs each."""
     from speculative import CATEGORIES, messages_for, run_once
 
     from edge.engine import Engine
-    from edge.speculative import Speculator
-    from edge.speculative.draft_head import DraftHead
+    from edge.speculative import CostCurve
+    from edge.speculative.factory import auto_spec
 
     engines = {"plain": Engine(path, device=device, context_length=2048)}
     engines.update({d: Engine(path, device=device, context_length=2048, speculator=d) for d in DRAFTERS})
-    # The draft head on the host's CPU, as before session 12 (the head drafter now runs where the target runs).
-    host_head = Speculator([DraftHead(engines["plain"].package, device="cpu")])
-    engines["head on CPU"] = Engine(path, device=device, context_length=2048, speculator=host_head)
-    drafters = [*DRAFTERS, "head on CPU"]
+    drafters = DRAFTERS
+    curve = CostCurve.cached(engines["plain"].decoder, engines["plain"].threads)
     lines = [f"## Speculative decoding on the GPU ({SPEC_TOKENS} tokens, edge kernels): tok/s, ratio to plain, "
              "tokens per target call; identical = every drafter's output equals plain greedy", "",
+             "The package's cost curve here (S-token step / 1-token step): " +
+             ", ".join(f"S={s} {r:.2f}" for s, r in curve.relative().items()) +
+             f"; auto chose {auto_spec(engines['plain'])}.", "",
              "| category | prompt | plain tok/s | " + " | ".join(drafters) + " | identical |",
              "|---|---|---|" + "---|" * len(drafters) + "---|"]
     for category, prompts in CATEGORIES.items():
         for i, turns in enumerate(prompts):
             messages = messages_for(engines["plain"], turns, SPEC_TOKENS)
-            runs: dict[str, list] = {name: [] for name in engines}
-            for _ in range(2):
+            done: dict[str, list] = {name: [] for name in engines}
+            for _ in range(runs):
                 for name, engine in engines.items():
-                    runs[name].append(run_once(engine, messages, SPEC_TOKENS))
-            rate = {k: statistics.median(r["n"] / r["seconds"] for r in v) for k, v in runs.items()}
+                    done[name].append(run_once(engine, messages, SPEC_TOKENS))
+            rate = {k: statistics.median(r["n"] / r["seconds"] for r in v) for k, v in done.items()}
             cells = []
             for d in drafters:
-                st = runs[d][-1]["spec"]
+                st = done[d][-1]["spec"]
                 per_call = (st.accepted + st.target_calls) / st.target_calls if st and st.target_calls else float("nan")
                 cells.append(f"{rate[d]:.0f} ({rate[d] / rate['plain']:.2f}x, {per_call:.2f})")
-            same = all(runs[d][-1]["ids"] == runs["plain"][-1]["ids"] for d in drafters)
+            same = all(r["ids"] == done["plain"][-1]["ids"] for d in drafters for r in done[d])
             lines.append(f"| {category} | {i + 1} | {rate['plain']:.0f} | " + " | ".join(cells) +
                          f" | {'yes' if same else 'NO'} |")
             print(lines[-1], flush=True)
@@ -215,7 +216,7 @@ def main() -> int:
                                                        tokens[name][:32]))
     if not args.no_speculative:
         spec_name = list(PACKAGES)[args.speculative_package]
-        lines += ["", f"Speculating on: {spec_name}", speculative_table(paths[spec_name], args.device)]
+        lines += ["", f"Speculating on: {spec_name}", speculative_table(paths[spec_name], args.device, args.runs)]
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.write_text(text)

@@ -29,7 +29,9 @@ import psutil
 from edge.default_model import cache_dir, sha256_file
 from edge.model import Decoder
 
-SIZES = (1, 2, 4, 8, 16)
+# Up to 32: token recycling's tree on a GPU verifies 25 rows, and past 16 the CUDA kernel takes another path (a norm
+# kernel ahead of the matmul), so extrapolating from 16 rows would guess its cost.
+SIZES = (1, 2, 4, 8, 16, 32)
 GUARDED_DEVIATION = 0.01
 RUN_STEPS = 3  # 1-token steps in a run timed per round of CostCurve.measure, in place of the turn's
 
@@ -59,6 +61,12 @@ def others_share(before: tuple[float, float, float], after: tuple[float, float, 
     cores = len(_our_cores()) or psutil.cpu_count() or 1
     others = (after[1] - before[1]) - (after[2] - before[2])
     return max(0.0, others) / (wall * cores) if wall > 0 else 0.0
+
+
+def measured_sizes(decoder: Decoder) -> tuple[int, ...]:
+    """The step sizes a curve times: no more rows than a step may score (a planned decoder may score fewer) and
+    small enough to leave at least as long a past in the cache."""
+    return tuple(s for s in SIZES if s <= decoder.max_rows and 2 * s <= decoder.cache.capacity) or (1,)
 
 
 def _single_step(decoder: Decoder, token: int, base: int) -> float:
@@ -99,7 +107,8 @@ class CostCurve:
         return {s: t / self.seconds[0] for s, t in zip(self.sizes, self.seconds)}
 
     @classmethod
-    def measure(cls, decoder: Decoder, sizes: tuple[int, ...] = SIZES, past: int = 128, repeats: int = 9) -> CostCurve:
+    def measure(cls, decoder: Decoder, sizes: tuple[int, ...] | None = None, past: int = 128,
+                repeats: int = 9) -> CostCurve:
         """Time steps of each size on top of a past of >= `past` tokens; the cache content is left as it was.
 
         Sizes take turns, so a burst of load from elsewhere slows all of them rather than bending the curve
@@ -112,7 +121,7 @@ class CostCurve:
         1-token steps over the same tokens: the largest difference is how far a verify row may be from what
         plain decoding computes.
         """
-        sizes = tuple(s for s in sizes if s <= decoder.max_rows) or (1,)  # a planned decoder may score fewer rows
+        sizes = measured_sizes(decoder) if sizes is None else sizes
         cache, length = decoder.cache, decoder.cache.length
         base = min(max(length, past), cache.capacity - max(sizes))
         if base < 0:
@@ -161,7 +170,7 @@ class CostCurve:
             library = library_path()
             if library is not None:
                 key += "-" + sha256_file(library)[:8]
-        rows = max(s for s in SIZES if s <= decoder.max_rows) if decoder.max_rows > 1 else 1
+        rows = max(measured_sizes(decoder))
         path = cache_dir() / "speculative" / f"cost-v4-{key}-t{threads or 0}-r{rows}.json"
         if path.exists():
             data = json.loads(path.read_text())

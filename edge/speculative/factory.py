@@ -13,7 +13,7 @@ from edge.speculative.layer_skip import LayerSkipDraft
 from edge.speculative.prompt_lookup import PromptLookup
 from edge.speculative.token_recycling import TokenRecycling
 
-NAMES = ("prompt-lookup", "recycling", "head", "lookup+head", "auto", "skip", "lookup+skip")
+NAMES = ("prompt-lookup", "recycling", "lookup+recycling", "head", "lookup+head", "auto", "skip", "lookup+skip")
 
 
 def verify_rows(spec) -> int:
@@ -21,26 +21,22 @@ def verify_rows(spec) -> int:
     with a model of their own, which the planner sizes itself."""
     if spec in ("prompt-lookup", "head", "lookup+head"):  # chains of at most the speculator's depth
         return 1 + Speculator([PromptLookup()]).max_depth
-    if spec in ("recycling", "auto"):
+    if spec in ("recycling", "lookup+recycling", "auto"):
         return 1 + TokenRecycling(1).max_nodes
     return 0
 
 
 def make_speculator(spec: str, engine, draft_length: int | None = None) -> Speculator:
-    """`spec`: prompt-lookup, recycling, head (the package's trained draft head), lookup+head (prompt lookup, else
-    the head), auto (lookup+head where the package has a head, else prompt lookup, else recycling), skip (the
-    package's skip-layer self-draft), lookup+skip (prompt lookup, else the self-draft), or a draft package's path
-    (prompt lookup, else the draft model).
-
-    auto takes the head where there is one: measured on the default model (benchmarks/RESULTS.md) it matches
-    lookup+recycling where the answer copies the prompt and beats it on open chat and code (1.28x / 1.33x against
-    1.06x / 1.12x), where recycling rarely guesses right."""
+    """`spec`: prompt-lookup, recycling, lookup+recycling (prompt lookup, else recycling), head (the package's
+    trained draft head), lookup+head (prompt lookup, else the head), auto (see auto_spec), skip (the package's
+    skip-layer self-draft), lookup+skip (prompt lookup, else the self-draft), or a draft package's path (prompt
+    lookup, else the draft model)."""
     package = engine.package
     vocab = package.config.vocab_size
     threads = engine.threads
-    if spec == "auto" and package.draft_head is not None:
-        spec = "lookup+head"
-    if spec in ("recycling", "auto") and not package.tree_attention:
+    if spec == "auto":
+        spec = auto_spec(engine)
+    if spec in ("recycling", "lookup+recycling") and not package.tree_attention:
         raise EdgeError(f"{package.root} was exported without tree attention, which token recycling needs; "
                         f"re-export it or use --draft prompt-lookup")
     if spec == "prompt-lookup":
@@ -50,7 +46,7 @@ def make_speculator(spec: str, engine, draft_length: int | None = None) -> Specu
     elif spec in ("head", "lookup+head"):
         head = DraftHead(package, device=engine.decoder.device)
         drafters = [head] if spec == "head" else [PromptLookup(), head]
-    elif spec == "auto":
+    elif spec == "lookup+recycling":
         drafters = [PromptLookup(), TokenRecycling(vocab)]
     elif spec in ("skip", "lookup+skip"):
         skip = LayerSkipDraft(package, engine.context_length, threads=threads)
@@ -64,3 +60,19 @@ def make_speculator(spec: str, engine, draft_length: int | None = None) -> Specu
     else:
         raise EdgeError(f"unknown drafter {spec!r}: use one of {', '.join(NAMES)} or a draft package's folder")
     return Speculator(drafters, draft_length=draft_length, threads=threads)
+
+
+def auto_spec(engine) -> str:
+    """Prompt lookup first, then the package's draft head on a CPU and token recycling on a GPU.
+
+    Measured on the default model, each drafter behind prompt lookup (benchmarks/RESULTS.md, speculative section):
+    on the 2-core CPU the head wins open chat and code (1.28x / 1.33x against recycling's 1.06x / 1.12x), where a
+    verify row costs (8 rows ~1.7-2.2x one) and a head step is ~5% of a target step; on an H200 recycling wins every
+    category but one (open chat 1.37-1.69x against 0.95-1.12x, code 1.60-2.61x against 1.08-2.05x, rewrite
+    1.87-2.59x against 1.32-1.78x; summarise 3.17-4.60x against 3.53-4.74x), where 8 rows cost 1.36x one and the
+    head's own step, dispatch-bound, ~8% of a target step."""
+    if engine.package.draft_head is None:
+        return "lookup+recycling"
+    if engine.decoder.device == "cpu" or not engine.package.tree_attention:
+        return "lookup+head"
+    return "lookup+recycling"

@@ -1,10 +1,10 @@
 // CUDA kernels of edge.Attention (the CPU op's contract, attention_op.cc), with the CPU kernel's batch-invariance.
 //
-// One warp per (row, head). Scores are computed per key (lanes take keys t = lane, lane + 32, ...; each dot product
-// is a sequential sum over the head dimension), the maximum is exact in any order, and exp(score - max) is written
-// per key; then every lane walks the keys in order, adding e to the softmax sum and e * value to the head
-// dimensions it owns. So each output is the same sequence of roundings whatever the call's number of rows, and a
-// key masked by the tree bias adds exact zeros: a tree row equals its path decoded alone, as on the CPU.
+// One block per (row, head). Scores are computed per key (threads take keys t = tid, tid + blockDim, ...; each dot
+// product is a sequential sum over the head dimension), the maximum is exact in any order, and exp(score - max) is
+// written per key; then the thread of each output dimension walks the keys in order, adding e to the softmax sum
+// and e * value to its dimension. So each output is the same sequence of roundings whatever the call's number of
+// rows, and a key masked by the tree bias adds exact zeros: a tree row equals its path decoded alone, as on the CPU.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -15,7 +15,7 @@
 namespace edge {
 namespace {
 
-constexpr int kMaxHeadDim = 256;  // 8 dimensions per lane
+constexpr int kMaxHeadDim = 256;  // a thread for each dimension of a head, at most a block of 256
 
 __device__ __forceinline__ int64_t clamp_position(const AttentionArgs& a, int64_t s) {
   const int64_t p = a.positions[s];  // device memory: out-of-range positions are clamped, never read outside
@@ -38,33 +38,53 @@ __global__ void write_cache_kernel(AttentionArgs a) {
   }
 }
 
-// One warp per (row s, head h): blockIdx.x = s * H + h. Shared memory: the rotated query (D) and the row's scores.
-__global__ void attend_kernel(AttentionArgs a) {
+// Up to this many rows a call (decode and verify steps, a few blocks on the whole GPU) asks for its rows' keys and
+// values from memory at once, before the first is needed: the step's weights have pushed the cache out of L2, and
+// the loops below would otherwise wait for memory once per block of keys (H200, 195-token past: 15 -> 13 us a
+// layer). A prefill's many blocks hide the wait anyway.
+constexpr int64_t kPrefetchRows = 16;
+
+__device__ __forceinline__ void prefetch_l2(const float* keys, const float* values, int64_t bytes) {
+  const char* k = reinterpret_cast<const char*>(keys);
+  const char* v = reinterpret_cast<const char*>(values);
+  for (int64_t off = threadIdx.x * 128; off < bytes; off += blockDim.x * 128) {  // a 128-byte line a thread
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(k + off));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(v + off));
+  }
+}
+
+// One block per (row s, head h): blockIdx.x = s * H + h. Shared memory: the rotated query (D) and the row's scores.
+// All threads score keys (each key's dot product by one thread, in order over d); thread i < D then accumulates
+// output dimension i over the keys in order. A warp per (row, head) did the same arithmetic with 9 warps on the
+// GPU for a decode step, one memory latency after another: 44 us a layer at a 195-token past on an H200 (now 15).
+__global__ void __launch_bounds__(kMaxHeadDim) attend_kernel(AttentionArgs a) {
   extern __shared__ float smem[];
+  __shared__ float warp_top[kMaxHeadDim / 32];
   float* q = smem;
   float* scores = smem + a.D;
-  const int lane = threadIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warps = blockDim.x / 32;
   const int64_t s = blockIdx.x / a.H, h = blockIdx.x % a.H, D = a.D, half = D / 2;
   const int64_t g = h / (a.H / a.KV), pos = clamp_position(a, s);
-  const float* qin = a.q + s * a.q_stride + h * D;
-  for (int64_t i = lane; i < half; i += 32) {
-    const float x0 = qin[i], x1 = qin[i + half], c = a.cos[pos * half + i], sn = a.sin[pos * half + i];
-    q[i] = x0 * c - x1 * sn;
-    q[i + half] = x1 * c + x0 * sn;
-  }
-  __syncwarp();
   const int64_t first = a.window > 0 && pos - a.window + 1 > 0 ? pos - a.window + 1 : 0;
   const int64_t n = a.P + s + 1 - first;
   const float* keys = a.kcache + (g * a.L + first) * D;
   const float* values = a.vcache + (g * a.L + first) * D;
+  if (a.S <= kPrefetchRows) prefetch_l2(keys, values, n * D * static_cast<int64_t>(sizeof(float)));
+  const float* qin = a.q + s * a.q_stride + h * D;
+  for (int64_t i = tid; i < half; i += blockDim.x) {
+    const float x0 = qin[i], x1 = qin[i + half], c = a.cos[pos * half + i], sn = a.sin[pos * half + i];
+    q[i] = x0 * c - x1 * sn;
+    q[i + half] = x1 * c + x0 * sn;
+  }
+  __syncthreads();
   const float* bias = a.bias != nullptr ? a.bias + s * (a.P + a.S) + first : nullptr;
   float top = -INFINITY;
   const bool vec = D % 4 == 0;  // rows of D floats, 16-byte aligned (the cache is ORT's allocation)
-  for (int64_t t = lane; t < n; t += 32) {
+  for (int64_t t = tid; t < n; t += blockDim.x) {
     const float* kr = keys + t * D;
     float dot = 0.0f;
     if (vec) {
-#pragma unroll 4
+#pragma unroll 8
       for (int64_t d = 0; d < D; d += 4) {
         const float4 k4 = __ldg(reinterpret_cast<const float4*>(kr + d));
         dot = fmaf(q[d], k4.x, dot);
@@ -80,36 +100,29 @@ __global__ void attend_kernel(AttentionArgs a) {
     top = fmaxf(top, score);
   }
   for (int off = 16; off >= 1; off >>= 1) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, off));
-  for (int64_t t = lane; t < n; t += 32) scores[t] = expf(scores[t] - top);
-  __syncwarp();
-  float acc[kMaxHeadDim / 32], sum = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxHeadDim / 32; ++j) acc[j] = 0.0f;
+  if (lane == 0) warp_top[tid / 32] = top;
+  __syncthreads();
+  for (int w = 0; w < warps; ++w) top = fmaxf(top, warp_top[w]);  // the maximum is exact in any order
+  for (int64_t t = tid; t < n; t += blockDim.x) scores[t] = expf(scores[t] - top);
+  __syncthreads();
+  if (tid >= D) return;
   // Keys in order, in blocks of kBlock whose values are loaded before any is added (loads in flight, not one
   // memory latency per key); the additions stay in key order.
-  constexpr int kBlock = 8;
+  constexpr int kBlock = 32;
+  float acc = 0.0f, sum = 0.0f;
   for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
-    float e[kBlock], v[kBlock][kMaxHeadDim / 32];
+    float v[kBlock];
 #pragma unroll
-    for (int b = 0; b < kBlock; ++b) {
-      const bool live = t0 + b < n;
-      e[b] = live ? scores[t0 + b] : 0.0f;
-#pragma unroll
-      for (int j = 0; j < kMaxHeadDim / 32; ++j)
-        v[b][j] = live && lane + 32 * j < D ? __ldg(values + (t0 + b) * D + lane + 32 * j) : 0.0f;
-    }
+    for (int b = 0; b < kBlock; ++b) v[b] = t0 + b < n ? __ldg(values + (t0 + b) * D + tid) : 0.0f;
 #pragma unroll
     for (int b = 0; b < kBlock; ++b) {
       if (t0 + b >= n) break;
-      sum += e[b];
-#pragma unroll
-      for (int j = 0; j < kMaxHeadDim / 32; ++j) acc[j] = fmaf(e[b], v[b][j], acc[j]);
+      const float e = scores[t0 + b];
+      sum += e;
+      acc = fmaf(e, v[b], acc);
     }
   }
-  float* out = a.out + s * a.H * D + h * D;
-#pragma unroll
-  for (int j = 0; j < kMaxHeadDim / 32; ++j)
-    if (lane + 32 * j < D) out[lane + 32 * j] = acc[j] / sum;
+  a.out[s * a.H * D + h * D + tid] = acc / sum;
 }
 
 }  // namespace
@@ -139,7 +152,8 @@ std::string launch_attention_cuda(const AttentionArgs& a, const float* past_key,
       return "a context of " + std::to_string(a.P + a.S) + " tokens needs more shared memory than this GPU has";
     cudaFuncSetAttribute(attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
   }
-  attend_kernel<<<static_cast<unsigned>(a.S * a.H), 32, shared, st>>>(a);
+  const int block = a.D > 128 ? kMaxHeadDim : 128;  // at least D threads: one for each dimension of the output
+  attend_kernel<<<static_cast<unsigned>(a.S * a.H), block, shared, st>>>(a);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? std::string() : std::string("CUDA launch failed: ") + cudaGetErrorString(err);
 }
