@@ -29,7 +29,7 @@ import psutil
 from edge.default_model import cache_dir, sha256_file
 from edge.model import Decoder
 
-# Up to 32: token recycling's tree on a GPU verifies 25 rows, and past 16 the CUDA kernel takes another path (a norm
+# Up to 32: a token-recycling tree verifies up to 25 rows, and past 16 the CUDA kernel takes another path (a norm
 # kernel ahead of the matmul), so extrapolating from 16 rows would guess its cost.
 SIZES = (1, 2, 4, 8, 16, 32)
 GUARDED_DEVIATION = 0.01

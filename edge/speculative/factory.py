@@ -67,10 +67,9 @@ def auto_spec(engine) -> str:
 
     Measured on the default model, each drafter behind prompt lookup (benchmarks/RESULTS.md, speculative section):
     on the 2-core CPU the head wins open chat and code (1.28x / 1.33x against recycling's 1.06x / 1.12x), where a
-    verify row costs (8 rows ~1.7-2.2x one) and a head step is ~5% of a target step; on an H200 recycling wins every
-    category but one (open chat 1.37-1.69x against 0.95-1.12x, code 1.60-2.61x against 1.08-2.05x, rewrite
-    1.87-2.59x against 1.32-1.78x; summarise 3.17-4.60x against 3.53-4.74x), where 8 rows cost 1.36x one and the
-    head's own step, dispatch-bound, ~8% of a target step."""
+    verify row costs (8 rows ~1.6-2.2x one) and a head step is ~5% of a target step. On an H200 recycling wins open
+    chat (1.28-1.32x against 0.91-0.96x) and rewrite (1.45-1.82x against 1.11-1.52x) and ties code, summarise and
+    repeat, where 8 rows cost 1.2-1.4x one and a head step, dispatch-bound, ~10% of a 1.45 ms target step."""
     if engine.package.draft_head is None:
         return "lookup+recycling"
     if engine.decoder.device == "cpu" or not engine.package.tree_attention:
