@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from edge.apps.cli import run_main
+from edge.apps.cli import int_at_least, run_main
 from edge.errors import EdgeError
 
 
@@ -18,9 +18,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="a .gguf file or a Hugging Face model folder (config.json + safetensors)")
     p.add_argument("-o", "--output", required=True, help="package folder to write")
     p.add_argument("--quant", choices=QUANT_METHODS, default="int4", help="weight format (default: int4)")
-    p.add_argument("--bits", type=int, help="bits for spqr (3 or 4, default 4) and decoupleq (2-4, default 2)")
-    p.add_argument("--group-size", type=int, help="quantization group along K (spqr default 16, decoupleq 64)")
-    p.add_argument("--stat-bits", type=int,
+    p.add_argument("--bits", type=int_at_least(1),
+                   help="bits for spqr (3 or 4, default 4) and decoupleq (2-4, default 2)")
+    p.add_argument("--group-size", type=int_at_least(1),
+                   help="quantization group along K (spqr default 16, decoupleq 64)")
+    p.add_argument("--stat-bits", type=int_at_least(1),
                    help="spqr: width of the quantized first-level scales and zeros (2-8, default 3; with "
                         "--group-size 32, 8 bits holds a Q4_1 source's block statistics almost exactly at 4.63 bits)")
     p.add_argument("--zeros", choices=["integer", "float"],

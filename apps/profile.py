@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge.apps.cli import run_main
+from edge.apps.cli import int_at_least, run_main
 
 FILLER = ("The river carried the boat past the old mill, where the miller's children counted the barges and wrote "
           "their names in a ledger that nobody else ever read. ")
@@ -32,11 +32,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", help="draft model package for speculative decoding")
     p.add_argument("--budget", help="memory budget, e.g. 2GiB or 512MB (default: no budget, the engine's defaults)")
     p.add_argument("--profile", help="device profile name: its memory is the budget, its bandwidths the speed model")
-    p.add_argument("--tokens", type=int, default=32, help="tokens to generate (default 32)")
-    p.add_argument("--prompt-tokens", type=int,
+    p.add_argument("--tokens", type=int_at_least(1), default=32, help="tokens to generate (default 32)")
+    p.add_argument("--prompt-tokens", type=int_at_least(1),
                    help="prompt length (default: fill the planned context, less the generated tokens)")
-    p.add_argument("--context", type=int, help="cap on the context length")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--context", type=int_at_least(2),
+                   help="cap on the context length (at least 2: a prompt token and a generated one)")
+    p.add_argument("--threads", type=int_at_least(1))
     p.add_argument("--chart", help="write the charts to this .html or .png file")
     p.add_argument("--list", action="store_true", help="list the device profiles and exit")
     return p
@@ -192,10 +193,6 @@ def profile(args, recorder) -> None:
             p = load_profile(name)
             print(f"{name:<22}{format_bytes(p.memory_bytes):>11}  {p.description}")
         return
-    if args.tokens < 1:
-        from edge.errors import EdgeError
-
-        raise EdgeError(f"--tokens must be at least 1, got {args.tokens}")
     import json
 
     from edge.cached_export import resolve

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from edge.apps.cli import run_main
+from edge.apps.cli import float_in, int_at_least, run_main
 
 
 def parser() -> argparse.ArgumentParser:
@@ -23,20 +23,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--system", help="system message for the chat template")
     p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     p.add_argument("--stats", action="store_true", help="print prompt and generation tokens/s and peak memory")
-    p.add_argument("-n", "--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("-n", "--max-tokens", type=int_at_least(1), default=256)
+    p.add_argument("--temperature", type=float_in(0.0, float("inf")), default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int_at_least(0), default=0, help="0 = no top-k cut (default)")
+    p.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), default=1.0)
     p.add_argument("--seed", type=int)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--context", type=int, help="context length to allocate (default: min(model, 2048), or planned)")
+    p.add_argument("--context", type=int_at_least(1),
+                   help="context length to allocate (default: min(model, 2048), or planned)")
     p.add_argument("--truncate", action="store_true", help="drop the oldest prompt tokens if it does not fit")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--budget", help="memory budget (e.g. 2GiB, 512MB): the context and buffers are planned to fit")
     p.add_argument("--profile", help="device profile name (see edge-profile --list): its memory is the budget")
     p.add_argument("--on-full", choices=["error", "slide"], default="error",
                    help="a chat that fills the context: stop with an error (default) or drop the oldest turns")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=int_at_least(1))
     p.add_argument("--draft", metavar="DRAFTER",
                    help="speculative decoding: prompt-lookup, recycling, lookup+recycling, head (the package's trained "
                         "draft head, see edge-export --draft-head), lookup+head, auto (lookup+head on a CPU, "
@@ -44,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
                         "skip-layer self-draft, see edge-export --self-draft), lookup+skip, or a draft package's "
                         "folder, GGUF file or Hugging Face folder (same tokenizer; prompt lookup first, the draft "
                         "model otherwise)")
-    p.add_argument("--draft-length", type=int,
+    p.add_argument("--draft-length", type=int_at_least(1),
                    help="fixed draft depth (default: adaptive, from the measured cost of verifying)")
     return p
 

@@ -14,7 +14,7 @@ import argparse
 import ipaddress
 import sys
 
-from edge.apps.cli import run_main
+from edge.apps.cli import int_at_least, run_main
 from edge.apps.run import budget_options, draft_options
 
 
@@ -25,22 +25,23 @@ def parser() -> argparse.ArgumentParser:
                                             "(exported once into ~/.cache/edge); default: the default model")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 opens it to the network)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int_at_least(0), default=8000)
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
     p.add_argument("--model-name", help="the model id clients see (default: the package folder's name)")
     p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                    help="let scripts of web pages from ORIGIN (e.g. http://localhost:3000) call the API from a "
                         "browser (CORS; repeatable); '*' lets any website you visit use the model")
-    p.add_argument("--context", type=int, help="context length to allocate (default: min(model, 2048), or planned)")
+    p.add_argument("--context", type=int_at_least(1),
+                   help="context length to allocate (default: min(model, 2048), or planned)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--budget", help="memory budget (e.g. 2GiB, 512MB): the context and buffers are planned to fit")
     p.add_argument("--profile", help="device profile name (see edge-profile --list): its memory is the budget")
-    p.add_argument("--threads", type=int)
+    p.add_argument("--threads", type=int_at_least(1))
     p.add_argument("--on-full", choices=["error", "slide"], default="error",
                    help="a conversation longer than the context: refuse it (default, as OpenAI does) or drop its "
                         "oldest turns")
     p.add_argument("--draft", metavar="DRAFTER", help="speculative decoding, as edge-run --draft (e.g. auto)")
-    p.add_argument("--prefix-slots", type=int,
+    p.add_argument("--prefix-slots", type=int_at_least(0),
                    help="other conversations whose cached prefixes are kept while clients take turns (default 4 on "
                         "the CPU without a budget, else 0; each holds its tokens' share of the KV cache)")
     return p

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edge.chat_template import ChatTemplate
-from edge.errors import ChatTemplateError, ContextOverflowError, EdgeError
+from edge.errors import ChatTemplateError, ContextOverflowError, EdgeError, EmptyPromptError
 from edge.memory.usage import peak_rss_bytes
 from edge.model import DEFAULT_PREFILL_CHUNK, Decoder
 from edge.package import Package, load_package
@@ -315,7 +315,7 @@ class Engine:
     def _feed_prompt(self, ids: list[int]):
         """Reuse the cached prefix shared with `ids`, feed the rest; return the last prompt token's logits."""
         if not ids:
-            raise ValueError("the prompt is empty")
+            raise EmptyPromptError("the prompt is empty: give some text (a raw prompt needs at least one token)")
         common = common_prefix(self.tokens, ids)
         if self.prefixes is not None:
             common = self._switch_prefix(ids, common)

@@ -21,6 +21,10 @@ class ContextOverflowError(EdgeError):
     """A prompt (or prompt plus generation) does not fit in the planned context."""
 
 
+class EmptyPromptError(EdgeError, ValueError):
+    """A prompt with no tokens: there is nothing to continue from (also a ValueError, what it was before)."""
+
+
 class ChatTemplateError(EdgeError):
     """The model's chat template failed to render or is unsafe."""
 

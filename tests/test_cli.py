@@ -57,6 +57,35 @@ def test_run_reports_bad_input_without_traceback(package, capsys):
     assert "CUDAExecutionProvider" in capsys.readouterr().err
     assert run_cli.main(["/no/such/model.onnx", "hi"]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert run_cli.main([str(package), "", "--raw", "--context", "64"]) == 2
+    assert "the prompt is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temperature", "-1"], "--temperature: must be at least 0, got -1"),
+    (["--top-p", "0"], "--top-p: must be in (0, 1], got 0"),
+    (["--top-p", "nan"], "--top-p: must be in (0, 1], got nan"),
+    (["-n", "0"], "--max-tokens: must be at least 1, got 0"),
+    (["--threads", "two"], "--threads: expected an integer, got 'two'"),
+    (["--context", "-5"], "--context: must be at least 1, got -5"),
+])
+def test_run_refuses_bad_options_before_loading_a_model(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_cli.main(["/no/such/model", "hi", *argv])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_every_command_refuses_a_zero_count(capsys):
+    from edge.apps import profile as profile_cli
+    from edge.apps import serve as serve_cli
+
+    for parse, argv in [(export_cli.parser().parse_args, ["m.gguf", "-o", "out", "--group-size", "0"]),
+                        (profile_cli.parser().parse_args, ["--tokens", "0"]),
+                        (serve_cli.parser().parse_args, ["--threads", "0"])]:
+        with pytest.raises(SystemExit):
+            parse(argv)
+        assert "must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_lone_argument_that_is_not_a_path_is_the_prompt():

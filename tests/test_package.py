@@ -72,6 +72,13 @@ def test_foreign_file_is_not_a_package(tmp_path):
         load_package(f)
 
 
+def test_a_gguf_name_on_another_format_says_so(tmp_path):
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"\x00\x01junk")
+    with pytest.raises(PackageError, match="not a GGUF file .*download it again"):
+        load_package(f)
+
+
 def test_external_data_outside_the_folder_is_refused(copy):
     graph = onnx.load(str(copy / "model.onnx"), load_external_data=False)
     tensor = next(t for t in graph.graph.initializer if t.external_data)
