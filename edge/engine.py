@@ -11,6 +11,7 @@ a regenerated answer) only feeds the new suffix, so earlier turns are never read
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,18 @@ class GenerationConfig:
     # a chat that outgrows the context: "error" (ContextOverflowError) or "slide" (see Engine.chat); for a plain
     # prompt, "slide" is truncate
     on_full: str = "error"
+
+    def __post_init__(self) -> None:
+        """Refuse bad settings when they are given, not at the first token of a generator that runs later."""
+        if not isinstance(self.max_tokens, numbers.Integral) or self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
+        if self.on_full not in ("error", "slide"):
+            raise ValueError(f"on_full must be 'error' or 'slide', got {self.on_full!r}")
+        if isinstance(self.stop, str):  # one stop string, not its characters
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        _ = self.sampling  # SamplingParams checks temperature, top_k, top_p and seed
 
     @property
     def sampling(self) -> SamplingParams:
@@ -209,8 +222,6 @@ class Engine:
             raise ChatTemplateError(f"{self.package.root} has no chat template (a base model); use generate() or "
                                     f"stream() with plain text (edge-run --raw)")
         config = replace(config or GenerationConfig(), **overrides)
-        if config.on_full not in ("error", "slide"):
-            raise ContextOverflowError(f"on_full must be 'error' or 'slide', got {config.on_full!r}")
         ids, self.dropped_messages = self._chat_ids(messages, config)
         yield from self._run(ids, config)
 

@@ -102,3 +102,13 @@ def test_model_without_template_refuses_chat(tmp_path):
     engine = Engine(export_model("tiny", tmp_path / "p", quant="fp32", model=imported), context_length=32)
     with pytest.raises(ChatTemplateError, match="no chat template"):
         list(engine.chat([{"role": "user", "content": "hi"}]))
+
+
+def test_generation_settings_are_checked_when_given():
+    for bad in (dict(max_tokens=-1), dict(max_tokens=2.5), dict(on_full="drop"), dict(temperature=float("nan")),
+                dict(seed=-3)):
+        with pytest.raises(ValueError):
+            GenerationConfig(**bad)
+    assert GenerationConfig(max_tokens=np.int64(3)).max_tokens == 3
+    assert GenerationConfig(stop="END").stop == ("END",)  # one stop string, not the characters E, N and D
+    assert GenerationConfig(stop=["a", "b"]).stop == ("a", "b")

@@ -48,6 +48,7 @@ def test_seed_reproduces_and_bad_params_are_refused():
     assert [Sampler(params)(LOGITS) for _ in range(1)] == [Sampler(params)(LOGITS)]
     a, b = Sampler(params), Sampler(params)
     assert [a(LOGITS) for _ in range(50)] == [b(LOGITS) for _ in range(50)]
-    for bad in (dict(temperature=-1), dict(top_p=0.0), dict(top_k=-2)):
+    for bad in (dict(temperature=-1), dict(temperature=float("nan")), dict(top_p=0.0), dict(top_p=float("nan")),
+                dict(top_k=-2), dict(seed=-1)):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
