@@ -20,6 +20,30 @@ def run_main(main: Callable[[], int | None], prog: str) -> int:
         return 130
 
 
+class VersionAction(argparse.Action):
+    """--version: edge's version and what it runs on (onnxruntime, its providers, the kernel library and the CPU
+    kernel it picks), the facts a bug report needs; computed only when asked, so startup does not import them."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0,
+                         help=help or "print the versions of edge, onnxruntime and the kernel library, and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import onnxruntime
+
+        from edge import __version__
+        from edge.kernels import kernel_isa, library_path
+
+        library = library_path()
+        cuda = library_path(cuda=True)
+        kernels = "not built (stock onnxruntime ops only)" if library is None else f"{library} (CPU kernel " \
+            f"{kernel_isa(4, 4)})" + (f", CUDA build {cuda} (--device cuda)" if cuda != library else "")
+        print(f"{parser.prog} (edge {__version__})\n"
+              f"onnxruntime {onnxruntime.__version__}: {', '.join(onnxruntime.get_available_providers())}\n"
+              f"kernels: {kernels}")
+        parser.exit()
+
+
 def int_at_least(low: int) -> Callable[[str], int]:
     """An argparse type: an integer >= low, so a bad count is refused before a model is loaded (0 or a negative
     value would otherwise fall back to a default silently, or fail later with a traceback)."""

@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from edge.apps.cli import int_at_least, run_main
+from edge.apps.cli import VersionAction, int_at_least, run_main
 from edge.errors import EdgeError
 
 
@@ -15,6 +15,7 @@ def parser() -> argparse.ArgumentParser:
     from edge.export.pipeline import QUANT_METHODS
 
     p = argparse.ArgumentParser(prog="edge-export", description=__doc__)
+    p.add_argument("--version", action=VersionAction)
     p.add_argument("source", help="a .gguf file or a Hugging Face model folder (config.json + safetensors)")
     p.add_argument("-o", "--output", required=True, help="package folder to write")
     p.add_argument("--quant", choices=QUANT_METHODS, default="int4", help="weight format (default: int4)")

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge.apps.cli import int_at_least, run_main
+from edge.apps.cli import VersionAction, int_at_least, run_main
 
 FILLER = ("The river carried the boat past the old mill, where the miller's children counted the barges and wrote "
           "their names in a ledger that nobody else ever read. ")
@@ -27,6 +27,7 @@ SWEEP_POINTS = 10
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edge-profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=VersionAction)
     p.add_argument("model", nargs="?", help="package folder, or a GGUF file or Hugging Face folder (exported once "
                                             "into ~/.cache/edge); default: the default model")
     p.add_argument("--draft", help="draft model package for speculative decoding")

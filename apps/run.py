@@ -10,12 +10,13 @@ import argparse
 import os
 import sys
 
-from edge.apps.cli import float_in, int_at_least, run_main
+from edge.apps.cli import VersionAction, float_in, int_at_least, run_main
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edge-run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=VersionAction)
     p.add_argument("model", nargs="?", help="package folder or its model.onnx, or a GGUF file or Hugging Face folder "
                                             "(exported once into ~/.cache/edge); default: the default model")
     p.add_argument("prompt", nargs="?", help="prompt text (default: read stdin, or chat when stdin is a terminal)")

@@ -14,13 +14,14 @@ import argparse
 import ipaddress
 import sys
 
-from edge.apps.cli import int_at_least, run_main
+from edge.apps.cli import VersionAction, int_at_least, run_main
 from edge.apps.run import budget_options, draft_options
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edge-serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=VersionAction)
     p.add_argument("model", nargs="?", help="package folder or its model.onnx, or a GGUF file or Hugging Face folder "
                                             "(exported once into ~/.cache/edge); default: the default model")
     p.add_argument("--host", default="127.0.0.1",

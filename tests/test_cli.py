@@ -88,6 +88,19 @@ def test_every_command_refuses_a_zero_count(capsys):
         assert "must be at least 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("cli", ["run", "export", "profile", "serve"])
+def test_version_names_what_edge_runs_on(cli, capsys):
+    import importlib
+
+    import onnxruntime
+
+    with pytest.raises(SystemExit) as exit_:
+        importlib.import_module(f"edge.apps.{cli}").parser().parse_args(["--version"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert f"edge-{cli} (edge " in out and f"onnxruntime {onnxruntime.__version__}" in out and "kernels: " in out
+
+
 def test_lone_argument_that_is_not_a_path_is_the_prompt():
     args = run_cli.parser().parse_args(["What is 2+2?"])
     assert run_cli.split_model_and_prompt(args) == (None, "What is 2+2?")
