@@ -1,15 +1,23 @@
-"""What every edge command shares: user errors become one clear line and exit code 2, not a traceback."""
+"""What every edge command shares: user errors become one clear line and exit code 2, not a traceback (warnings one
+line too), and argparse types that refuse bad numbers up front."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable
 
 from edge.errors import EdgeError
 
 
 def run_main(main: Callable[[], int | None], prog: str) -> int:
+    with warnings.catch_warnings():  # the library's warnings as one line each, like the errors
+        warnings.showwarning = lambda message, *_, **__: print(f"{prog}: warning: {message}", file=sys.stderr)
+        return _run(main, prog)
+
+
+def _run(main: Callable[[], int | None], prog: str) -> int:
     try:
         return main() or 0
     except EdgeError as e:

@@ -115,7 +115,7 @@ class Engine:
                                    eos_token_ids=special.get("eos_token_ids", []),
                                    pad_token_id=special.get("pad_token_id"), add_bos=special.get("add_bos", False))
         self.template = self._chat_template()
-        self.decoder = self._make_decoder(context_length or self._default_context(), device, threads)
+        self.decoder = self._make_decoder(self._context(context_length), device, threads)
         self.tokens: list[int] = []  # exactly the tokens whose K/V are in the cache
         self.stats = GenerationStats()
         self.threads = threads
@@ -187,6 +187,18 @@ class Engine:
         bos = tok.id_to_token(tok.bos_token_id) if tok.bos_token_id is not None else None
         eos = tok.id_to_token(tok.eos_token_ids[0]) if tok.eos_token_ids else None
         return ChatTemplate(self.package.chat_template, bos_token=bos, eos_token=eos)
+
+    def _context(self, asked: int | None) -> int:
+        """The context to allocate: the one asked for, within what the model was trained for (said, not silent)."""
+        if asked is None:
+            return self._default_context()
+        limit = self.package.config.max_context
+        if asked > limit:
+            import warnings
+
+            warnings.warn(f"a context of {asked} tokens was asked for, but {self.package.root.name} takes at most "
+                          f"{limit} (its trained context); allocating {limit}", stacklevel=3)
+        return min(asked, limit)
 
     def _default_context(self) -> int:
         """The KV cache is allocated whole and its pages get touched, so the default is a planned size rather

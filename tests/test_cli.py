@@ -138,3 +138,15 @@ def test_a_float32_group_query_attention_graph_is_refused_on_cuda(package, tmp_p
         check_cuda_graph(package / "model.onnx")
     edge_kernels = export_model("tiny", tmp_path / "edge", quant="int4", kernels="edge", model=imported)
     check_cuda_graph(edge_kernels / "model.onnx")
+
+
+def test_warnings_are_one_line_with_the_command_name(capsys):
+    import warnings
+
+    from edge.apps.cli import run_main
+
+    def main():
+        warnings.warn("something to know")
+
+    assert run_main(main, "edge-run") == 0
+    assert capsys.readouterr().err == "edge-run: warning: something to know\n"

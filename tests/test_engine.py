@@ -112,3 +112,10 @@ def test_generation_settings_are_checked_when_given():
     assert GenerationConfig(max_tokens=np.int64(3)).max_tokens == 3
     assert GenerationConfig(stop="END").stop == ("END",)  # one stop string, not the characters E, N and D
     assert GenerationConfig(stop=["a", "b"]).stop == ("a", "b")
+
+
+def test_a_context_beyond_the_model_is_capped_and_said(package):
+    limit = Engine(package, threads=1).package.config.max_context
+    with pytest.warns(UserWarning, match=f"takes at most {limit}"):
+        engine = Engine(package, context_length=limit + 1000, threads=1)
+    assert engine.context_length == limit
