@@ -114,7 +114,10 @@ def chat_loop(engine, args, config) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_intermixed_args(argv)  # flags may sit between MODEL and PROMPT
+    p = parser()
+    args = p.parse_intermixed_args(argv)  # flags may sit between MODEL and PROMPT
+    if args.draft_length is not None and args.draft is None:
+        p.error("--draft-length sets the depth of --draft's drafts; give --draft too (e.g. --draft auto)")
 
     def run() -> None:
         from edge.engine import Engine, GenerationConfig

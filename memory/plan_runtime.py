@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from edge.memory.budget import BudgetError, ModelSpec, format_bytes, parse_size
 from edge.memory.planner import PlanResult, make_planner
-from edge.memory.profiles import load_profile
+from edge.memory.profiles import DeviceProfile, ProfileError, load_profile
 from edge.package import Package
 
 
@@ -72,7 +72,7 @@ def plan_package(package: Package, budget: int | float | str, *, profile: str | 
     """
     device = load_profile(profile) if profile else None
     if is_profile_name(budget):
-        named = load_profile(str(budget).strip())
+        named = _budget_profile(str(budget).strip())
         device = device or named
         budget_bytes, source = named.memory_bytes, f"profile {named.name} ({format_bytes(named.memory_bytes)})"
     else:
@@ -96,5 +96,14 @@ def plan_package(package: Package, budget: int | float | str, *, profile: str | 
 def budget_bytes(budget: int | float | str) -> int:
     """Bytes of a budget given as bytes, a size string or a profile name."""
     if is_profile_name(budget):
-        return load_profile(str(budget).strip()).memory_bytes
+        return _budget_profile(str(budget).strip()).memory_bytes
     return parse_size(budget)
+
+
+def _budget_profile(name: str) -> DeviceProfile:
+    """The profile a budget names; a name that is none says that a size would do too ('abc' is a typo of either)."""
+    try:
+        return load_profile(name)
+    except ProfileError as exc:
+        raise ProfileError(f"budget {name!r} is neither a memory size (e.g. 2GiB, 512MB) nor a device profile: "
+                           f"{exc}") from exc

@@ -68,6 +68,7 @@ def test_run_reports_bad_input_without_traceback(package, capsys):
     (["-n", "0"], "--max-tokens: must be at least 1, got 0"),
     (["--threads", "two"], "--threads: expected an integer, got 'two'"),
     (["--context", "-5"], "--context: must be at least 1, got -5"),
+    (["--draft-length", "3"], "give --draft too"),
 ])
 def test_run_refuses_bad_options_before_loading_a_model(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:

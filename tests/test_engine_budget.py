@@ -81,6 +81,9 @@ def test_edge_run_budget_and_profile_errors_exit_2(package, capsys):
     assert run_cli.main([str(package), "t1 t2", "--raw", "-n", "2", "--profile", "pocket-calculator"]) == 2
     err = capsys.readouterr().err
     assert "unknown device profile 'pocket-calculator'" in err and "cpu-laptop-8gb" in err
+    assert run_cli.main([str(package), "t1 t2", "--raw", "-n", "2", "--budget", "lots"]) == 2
+    err = capsys.readouterr().err
+    assert "budget 'lots' is neither a memory size (e.g. 2GiB" in err and "cpu-laptop-8gb" in err
     assert run_cli.main([str(package), "t1 t2", "--raw", "-n", "2", "--budget", "1MiB"]) == 2
     assert "too small" in capsys.readouterr().err
     assert run_cli.main([str(package), "t1 t2", "--raw", "-n", "2", "--budget", "1GiB", "--context", "64"]) == 0
