@@ -28,7 +28,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float_in(0.0, float("inf")), default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int_at_least(0), default=0, help="0 = no top-k cut (default)")
     p.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), default=1.0)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int_at_least(0))
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--context", type=int_at_least(1),
                    help="context length to allocate (default: min(model, 2048), or planned)")

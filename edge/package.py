@@ -107,11 +107,12 @@ def resolve_package_dir(path: str | os.PathLike) -> Path:
         return p.parent
     if not p.exists():
         raise PackageError(f"{p}: no such file or folder")
-    with open(p, "rb") as f:
-        head = f.read(4)
-    if p.suffix.lower() == ".gguf" and head != b"GGUF":
-        raise PackageError(f"{p} is not a GGUF file (starts with {head!r}, expected b'GGUF'): it is corrupt or "
-                           f"another format; download it again")
+    if p.suffix.lower() == ".gguf":  # a real GGUF would have been exported (edge.cached_export), not passed here
+        with p.open("rb") as f:
+            head = f.read(4)
+        if head != b"GGUF":
+            raise PackageError(f"{p} is not a GGUF file (starts with {head!r}, expected b'GGUF'): it is corrupt or "
+                               f"another format; download it again")
     raise PackageError(f"{p} is not an edge package: pass the package folder or its model.onnx "
                        f"(a GGUF or Hugging Face model must be exported first with `edge-export`)")
 

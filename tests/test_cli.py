@@ -69,6 +69,7 @@ def test_run_reports_bad_input_without_traceback(package, capsys):
     (["--threads", "two"], "--threads: expected an integer, got 'two'"),
     (["--context", "-5"], "--context: must be at least 1, got -5"),
     (["--draft-length", "3"], "give --draft too"),
+    (["--seed", "-1"], "--seed: must be at least 0, got -1"),
 ])
 def test_run_refuses_bad_options_before_loading_a_model(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
