@@ -124,7 +124,7 @@ def rows(rng, s, heads: tuple[int, int, int] = (H, KV, D)):
 
 @pytest.mark.parametrize("packed,window", [(True, 0), (False, 0), (True, 11)])
 @pytest.mark.parametrize("past,s,layout", [(0, 1, {}), (0, 9, {}), (37, 1, {}), (37, 7, {}), (60, 33, {}),
-                                           (200, 1, LONG), (200, 9, LONG)])
+                                           (200, 1, LONG), (200, 9, LONG), (110, 30, LONG)])
 def test_matches_float64_reference_and_writes_the_cache_in_place(packed, window, past, s, layout):
     att = Attention(packed=packed, window=window, **layout)
     rng = np.random.default_rng(past * 100 + s)
@@ -168,10 +168,12 @@ def test_close_to_group_query_attention(window):
     np.testing.assert_array_equal(caches[0][1], caches[1][1])
 
 
-@pytest.mark.parametrize("window", [0, 8, 101])
-@pytest.mark.parametrize("past,s,layout", [(50, 9, {}), (200, 9, LONG), (200, 16, LONG), (190, 30, LONG)])
+@pytest.mark.parametrize("window", [0, 8, 101, 140])
+@pytest.mark.parametrize("past,s,layout", [(50, 9, {}), (200, 9, LONG), (200, 16, LONG), (190, 30, LONG),
+                                           (110, 30, LONG)])
 def test_each_row_of_a_chain_equals_the_row_decoded_alone(window, past, s, layout):
-    """Bitwise: a verify call over S tokens computes what S one-token steps compute."""
+    """Bitwise: a verify call over S tokens computes what S one-token steps compute. From 128 keys on a row's keys
+    are attended in two halves (attention.h, kSplitKeys): the 110-token past puts the call's rows on both sides."""
     rng = np.random.default_rng(7)
     q, k, v = rows(rng, s, layout.get("heads", (H, KV, D)))
     together = Attention(window=window, **layout)
@@ -202,7 +204,9 @@ def test_head_layouts_match_the_reference_and_rows_their_one_token_steps(heads):
 
 
 @pytest.mark.parametrize("window", [0, 20])
-@pytest.mark.parametrize("past,layout", [(44, {}), (61, LONG)])  # 61: the tree's positions cross a 64-key block
+# 61: the tree's positions cross a 64-key block; 125: its deeper nodes have 128 keys and more, so they are attended in
+# two halves of their keys, counted from their positions as for the path decoded alone.
+@pytest.mark.parametrize("past,layout", [(44, {}), (61, LONG), (125, LONG), (300, LONG)])
 def test_a_tree_row_equals_its_path_decoded_alone_after_compaction(window, past, layout):
     """Nodes of a draft tree attend to the past and their ancestors (the bias masks the rest, by index order); the
     accepted path, decoded one token at a time into a compacted cache, must give its rows bit for bit. A sliding

@@ -5,8 +5,9 @@
 // a 1-token step computes. ORT's GroupQueryAttention takes another GEMM path for several rows (differences ~1e-7),
 // and with int8 activations (edge.QMatMul accuracy_level 4) the next layer's rounding of x amplifies that into
 // different tokens on near-ties. Here each (row, head) is one task: its scores, softmax and weighted sum run over the
-// keys in order, and a key masked by the tree bias contributes an exact zero, so a row of a tree sees the same sums
-// as the same token decoded alone after the accepted path was compacted into place.
+// keys in order (a long row's in two halves, merged: first_half), and a key masked by the tree bias contributes an
+// exact zero, so a row of a tree sees the same sums as the same token decoded alone after the accepted path was
+// compacted into place.
 #pragma once
 
 #include <algorithm>
@@ -31,7 +32,45 @@ struct AttentionArgs {
   float* kcache = nullptr;  // (KV, L, D), already holding the new rows when rows are attended
   float* vcache = nullptr;
   float* out = nullptr;  // (S, H * D)
+  // Which half of a long row's keys a task attends (first_half), and where each (half, row, head) leaves its
+  // softmax's maximum and sum for the merge; null: no row of the call is split.
+  int64_t key_half = 0;
+  float* half_stats = nullptr;  // (2, S, H, 2)
 };
+
+// A row whose position gives it at least this many keys is attended as two halves of its keys, each normalised on
+// its own and merged after (flash-decoding's split): a 1-token step has one task per kv head, 3 for SmolLM2, and
+// two threads took them 2 + 1; halves make 6 of equal cost (whole-model 1-token step 4.5% faster at a 400-token
+// past, 9% at 1,000, 12% at 1,800; at a 200-token past the halves' own costs ate the gain, hence 384). Whether and
+// where a row is split depends on its position alone, never on how many rows share the call, so rows stay what
+// they are attended alone.
+constexpr int64_t kSplitKeys = 384;
+
+// Keys row s sees: causal up to P+s, and a sliding window counted back from the query's position, not its cache
+// row, so that a tree node sees the same keys as its path decoded alone. Returns the first one's cache row.
+inline int64_t visible_keys(const AttentionArgs& a, int64_t s, int64_t& n) {
+  const int64_t first = a.window > 0 ? std::max<int64_t>(0, a.positions[s] - a.window + 1) : 0;
+  n = a.P + s + 1 - first;
+  return first;
+}
+
+// Keys in the first half of row s, which sees the n cache rows from `first` (all n when it is not split). Counted
+// from the row's position, not n: a tree node's cache rows include its masked non-ancestors, which its path decoded
+// alone after compaction does not have, and both must split at the same key. Half of the position's keys lies in
+// the past (a tree is at most 64 rows deep), so the first half is the same past keys for both, and the second half
+// adds the same keys in the same order, masked ones adding exact zeros.
+inline int64_t first_half(const AttentionArgs& a, int64_t s, int64_t first, int64_t n) {
+  const int64_t span = a.positions[s] + 1 - first;
+  return span >= kSplitKeys ? std::clamp<int64_t>(span / 2, 0, n) : n;
+}
+
+// The merge's input for one (row, head) of this task's half: its scores' maximum and the sum of their exponentials.
+inline void record_half(const AttentionArgs& a, int64_t s, int64_t h, float top, float sum) {
+  if (a.half_stats == nullptr) return;
+  float* slot = a.half_stats + ((a.key_half * a.S + s) * a.H + h) * 2;
+  slot[0] = top;
+  slot[1] = sum;
+}
 
 // Rotary embedding of one head vector (non-interleaved halves), as GroupQueryAttention's do_rotary=1.
 inline void rotate_half(const float* x, const float* cos, const float* sin, int64_t half, float* out) {
@@ -43,9 +82,8 @@ inline void rotate_half(const float* x, const float* cos, const float* sin, int6
 }
 
 // What one (row, head) task reads and writes: the query rotated into `q` (head_dim floats), the keys it sees (its kv
-// head's, from `first` on: causal up to P+s, and a sliding window counted back from the query's position, not its
-// cache row, so that a tree node sees the same keys as its path decoded alone), their values and bias (or null),
-// and its output slice. Pointers are offset to `first`: index 0 is key `first`.
+// head's visible_keys, or the half of them `a.key_half` names), their values and bias (or null), and its output slice.
+// Pointers are offset to `first`: index 0 is key `first`. A row not split has no second half (n = 0).
 struct RowTask {
   const float* keys;
   const float* values;
@@ -58,10 +96,17 @@ struct RowTask {
 inline RowTask row_task(const AttentionArgs& a, int64_t s, int64_t h, float* q) {
   const int64_t D = a.D, half = D / 2, pos = a.positions[s], g = h / (a.H / a.KV);
   rotate_half(a.q + s * a.q_stride + h * D, a.cos + pos * half, a.sin + pos * half, half, q);
-  const int64_t first = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+  int64_t n = 0, first = visible_keys(a, s, n);
+  const int64_t head = first_half(a, s, first, n);
+  if (a.key_half == 0) {
+    n = head;
+  } else {
+    first += head;
+    n -= head;
+  }
   const float* bias = a.bias != nullptr ? a.bias + s * (a.P + a.S) + first : nullptr;
-  return {a.kcache + (g * a.L + first) * D, a.vcache + (g * a.L + first) * D, bias, a.P + s + 1 - first,
-          a.out + s * a.H * D + h * D, first};
+  return {a.kcache + (g * a.L + first) * D, a.vcache + (g * a.L + first) * D, bias, n, a.out + s * a.H * D + h * D,
+          first};
 }
 
 // Query heads that share a kv head see the same keys, values and bias, so one task attends `count` of them for one

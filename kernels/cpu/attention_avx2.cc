@@ -103,6 +103,7 @@ void attend_row(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, fl
   for (int64_t i = 0; i < count; ++i) {
     const __m256 inv = _mm256_set1_ps(1.0f / sum[i]);
     for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out[i] + d, _mm256_mul_ps(_mm256_loadu_ps(out[i] + d), inv));
+    record_half(a, s, h0 + i, top[i], sum[i]);
   }
 }
 

@@ -153,6 +153,7 @@ void attend_rows(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, flo
       const __m512 inv = _mm512_set1_ps(1.0f / sum[r][i]);
       float* out = t[r].out[i];
       for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(out + d), inv));
+      record_half(a, s0 + r, h0 + i, top[r][i], sum[r][i]);
     }
 }
 

@@ -30,6 +30,7 @@ void attend_head(const AttentionArgs& a, int64_t s, int64_t h, float* scores) {
     for (int64_t d = 0; d < D; ++d) acc[d] += e * r.values[t * D + d];
   }
   for (int64_t d = 0; d < D; ++d) r.out[d] = acc[d] / sum;
+  record_half(a, s, h, top, sum);
 }
 
 }  // namespace
