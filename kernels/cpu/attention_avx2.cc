@@ -61,6 +61,7 @@ float weighted_values(const float* w, const float* values, int64_t D, int64_t k0
     __m256 acc[8];
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_loadu_ps(out + d0 + 8 * j);
     for (int64_t k = k0; k < k1; ++k) {
+      if (d0 == 0 && k + kAheadKeys < k1) prefetch_rows(values + (k + kAheadKeys) * D, D, 1);
       if (d0 == 0) sum += w[k];
       const __m256 wk = _mm256_set1_ps(w[k]);
       const float* row = values + k * D + d0;

@@ -78,6 +78,7 @@ void weighted_block(const float* const w[], const float* values, int64_t D, int6
     for (int j = 0; j < W; ++j) acc[i][j] = _mm512_loadu_ps(out[i] + d0 + 16 * j);
   }
   for (int64_t k = k0; k < k1; ++k) {
+    if (d0 == 0 && k + kAheadKeys < k1) prefetch_rows(values + (k + kAheadKeys) * D, D, 1);
     __m512 v[W];
     for (int j = 0; j < W; ++j) v[j] = load_once(values + k * D + d0 + 16 * j);
     for (int i = 0; i < Q; ++i) {
