@@ -49,7 +49,8 @@ constexpr int64_t kAheadKeys = 32;
 
 inline void prefetch_rows(const float* first, int64_t D, int64_t rows) {
   const char* bytes = reinterpret_cast<const char*>(first);
-  for (int64_t b = 0; b < rows * D * static_cast<int64_t>(sizeof(float)); b += 64) _mm_prefetch(bytes + b, _MM_HINT_T1);
+  const int64_t size = rows * D * static_cast<int64_t>(sizeof(float));
+  for (int64_t b = 0; b < size; b += 64) _mm_prefetch(bytes + b, _MM_HINT_T1);
 }
 
 // Scaled scores plus bias of Q queries for the task's keys k0 .. k1-1 (all n when k1 < 0), into scores[i]; top[i]
