@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,31 @@ def kernel_isa(bits: int = 4, accuracy_level: int = 0) -> str | None:
     fn = ctypes.CDLL(str(path)).EdgeKernelsIsa
     fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int, ctypes.c_int]
     return fn(bits, accuracy_level).decode()
+
+
+def huge_pages_enabled() -> bool:
+    """Whether edge.QMatMul's CPU kernels copy their constant weights into 2 MB pages when a session is created
+    (kernels/cpu/huge_pages.h): on Linux with transparent huge pages not "never", unless EDGE_HUGE_PAGES=0. The
+    weights are then resident from the session's creation rather than from the first step (memory.budget)."""
+    if not sys.platform.startswith("linux") or os.environ.get("EDGE_HUGE_PAGES") == "0":
+        return False
+    try:
+        return "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+
+
+def huge_copy_stats() -> dict[str, int] | None:
+    """What this process's edge.QMatMul kernels read from weight copies in 2 MB pages (kernels/cpu/huge_pages.h):
+    distinct copies, their bytes, the kernels' references to them, and blocks; None without a library."""
+    path = library_path()
+    if path is None:
+        return None
+    fn = ctypes.CDLL(str(path)).EdgeHugeCopyStats
+    out = (ctypes.c_int64 * 4)()
+    fn.restype, fn.argtypes = None, [ctypes.POINTER(ctypes.c_int64)]
+    fn(out)
+    return dict(zip(("copies", "bytes", "references", "blocks"), out))
 
 
 @functools.cache

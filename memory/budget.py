@@ -632,8 +632,16 @@ class MemoryModel:
 
     def __init__(self, target: ModelSpec, draft: ModelSpec | None = None, *,
                  overhead_bytes: int = RUNTIME_OVERHEAD_BYTES, prepack_fraction: float | None = None,
-                 full_scores: bool = False, threads: int = DEFAULT_THREADS):
+                 full_scores: bool = False, threads: int = DEFAULT_THREADS, weights_at_load: bool | None = None):
         self.target = target
+        # edge.QMatMul packages: whether the CPU kernels copy the linears' weights into 2 MB pages as the session is
+        # created (resident from then on) or read onnxruntime's memory map from the first step; None: as this
+        # machine does (edge.kernels.library.huge_pages_enabled). Either way the run peak holds them.
+        if weights_at_load is None:
+            from edge.kernels.library import huge_pages_enabled
+
+            weights_at_load = huge_pages_enabled()
+        self.weights_at_load = weights_at_load
         self.threads = threads  # onnxruntime intra-op threads: attention keeps one set of tiles per thread
         self.full_scores = full_scores  # True for an attention kernel that materialises (heads, S, L) scores
         self.draft = draft
@@ -700,12 +708,13 @@ class MemoryModel:
         tokenizer = self.target.tokenizer_bytes
         resident = self.overhead_bytes + tokenizer + weights_d + prepack
         # A paged package's sessions hold only the head: pinned layers and the window's slots are read after them.
-        # edge.QMatMul packages hold only the embedding table (GatherBlockQuantized's) and the rotary caches:
-        # onnxruntime memory-maps the external data and, with nothing to prepack, first touches the linears' weights
-        # in the first step (measured: SmolLM2-135M int4 on edge's kernels, 94.5 MiB after session creation, 75.1
-        # MiB predicted without those two; 20.4 MB apart, which they are to the byte).
+        # edge.QMatMul packages whose kernels read the memory map hold only the embedding table
+        # (GatherBlockQuantized's) and the rotary caches: onnxruntime memory-maps the external data and, with nothing
+        # to prepack, first touches the linears' weights in the first step (measured: SmolLM2-135M int4 on edge's
+        # kernels, 94.5 MiB after session creation, 75.1 MiB predicted without those two; 20.4 MB apart, which they
+        # are to the byte). Copied into 2 MB pages (weights_at_load), they are all resident at once.
         layout = self.target.layout
-        if self.target.kernels == "edge":
+        if self.target.kernels == "edge" and not self.weights_at_load:
             in_sessions = layout.resident_embedding_bytes + layout.rope_bytes
         elif self.target.paged:
             in_sessions = layout.head_bytes + layout.resident_embedding_bytes

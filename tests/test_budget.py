@@ -375,9 +375,12 @@ def test_edge_kernel_packages_have_no_prepack_and_a_tied_head_copy():
                                                   {"method": "rtn", "bits": 4}, custom_ops=["edge"]))
     assert spec.kernels == "edge" and spec.layout.prepack_bytes == 0 and spec.layout.load_transient_bytes == 0
     assert spec.layout.embedding_bytes == matmul_nbits_bytes(49152, 576)
-    est = MemoryModel(spec).estimate(Plan(context=256, resident_layers=0))
+    est = MemoryModel(spec, weights_at_load=False).estimate(Plan(context=256, resident_layers=0))
     assert est.weights_target == 19_000_000 + 2 * 2_400_000  # the int4 table stays on disk
     assert est.load_peak == est.overhead + est.tokenizer  # QMatMul's weights are first touched by the first step
+    # copied into 2 MB pages as the sessions are made: the head graph's are resident from then on
+    copied = MemoryModel(spec, weights_at_load=True).estimate(Plan(context=256, resident_layers=0))
+    assert copied.load_peak == est.load_peak + spec.layout.head_bytes and copied.run_peak == est.run_peak
 
 
 def test_rotary_rows_past_the_context_are_never_touched():

@@ -102,3 +102,49 @@ def test_the_default_model_falls_back_to_stock_ops_without_a_usable_library(monk
     bogus.write_bytes(b"not an ELF file")
     monkeypatch.setenv("EDGE_KERNELS_LIBRARY", str(bogus))
     assert default_quant() == "int4"
+
+
+_HUGE_PAGES_SCRIPT = """
+import gc, json, sys
+import numpy as np
+sys.path.insert(0, "tests")
+from kernels_util import QMatMulRunner, make_weight
+from edge.kernels.library import huge_copy_stats
+rng = np.random.default_rng(3)
+packed, _ = make_weight(rng, 256, 512, 4, 32, zeros="mins16")  # 64 KB of codes: copied; the statistics are not
+x = rng.standard_normal((3, 512)).astype(np.float32)
+before = huge_copy_stats()
+a = QMatMulRunner(packed, cuda=False)
+one = huge_copy_stats()
+b = QMatMulRunner(packed, cuda=False)
+two = huge_copy_stats()
+ya, yb = a(x), b(x)
+del a, b
+gc.collect()
+print(json.dumps({"before": before, "one": one, "two": two, "after": huge_copy_stats(), "y": ya.tolist(),
+                  "same": bool(np.array_equal(ya, yb))}))
+"""
+
+
+def _huge_pages_run(env_extra: dict[str, str]) -> dict:
+    run = subprocess.run([sys.executable, "-c", _HUGE_PAGES_SCRIPT], env={**os.environ, **env_extra},
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return __import__("json").loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="2 MB weight pages are a Linux feature")
+def test_constant_weights_are_read_from_shared_copies_in_huge_pages() -> None:
+    """A constant large enough is copied once per process, shared by a second session over the same bytes, freed
+    with the last; the outputs are bitwise those read from onnxruntime's own buffer (EDGE_HUGE_PAGES=0)."""
+    ensure_library()
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("transparent huge pages are off on this machine")
+    on = _huge_pages_run({})
+    assert on["before"]["copies"] == 0 and on["after"] == on["before"]
+    assert on["one"]["copies"] == 1 and on["one"]["bytes"] == 256 * 512 // 2 and on["one"]["blocks"] == 1
+    assert on["two"]["copies"] == 1 and on["two"]["references"] == 2  # the second session shares the copy
+    off = _huge_pages_run({"EDGE_HUGE_PAGES": "0"})
+    assert off["one"]["copies"] == 0 and off["two"]["copies"] == 0
+    assert on["same"] and off["same"] and on["y"] == off["y"]

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "huge_pages.h"
 #include "ort_api.h"
 #include "qmatmul.h"
 
@@ -27,6 +28,15 @@ struct QMatMulKernel {
   // The host-side checks of outliers and stat rows (validate_*_host) passed on inputs that are all constants: later
   // calls skip them (each walks every outlier and row pointer: ~10k reads for a 1%-outlier 576x1536 layer).
   mutable std::atomic<bool> host_checked{false};
+  // Constants the CPU kernel reads from copies in 2 MB pages (huge_pages.h) instead of onnxruntime's buffers.
+  std::vector<const void*> huge_copies;
+
+  QMatMulKernel() = default;
+  QMatMulKernel(const QMatMulKernel&) = delete;
+  QMatMulKernel& operator=(const QMatMulKernel&) = delete;
+  ~QMatMulKernel() {
+    for (const void* copy : huge_copies) release_huge_copy(copy);
+  }
 };
 
 struct BoundTensors {

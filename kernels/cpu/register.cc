@@ -59,6 +59,17 @@ OrtStatus* read_attr(const OrtKernelInfo* info, const char* name, int64_t* out) 
   return make_status(kOrtInvalidArgument, std::string("edge.QMatMul: missing int attribute '") + name + "'");
 }
 
+// A constant's bytes: it streams from memory on every call, so it is read from a copy in 2 MB pages where one can be
+// had (huge_pages.h); otherwise, and for types this does not size, from onnxruntime's buffer as before.
+void move_to_huge_pages(TensorView& v, std::vector<const void*>& copies) {
+  const int64_t size = v.type == kOrtUint8 ? 1 : v.type == kOrtFloat16 ? 2 : v.type == kOrtFloat || v.type == kOrtInt32 ? 4 : 0;
+  if (v.data == nullptr || size == 0) return;
+  if (const void* copy = huge_copy(v.data, static_cast<size_t>(v.count * size))) {
+    v.data = const_cast<void*>(copy);
+    copies.push_back(copy);
+  }
+}
+
 OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info, void** kernel) {
   auto* k = new QMatMulKernel();
   int64_t bits = 0;
@@ -112,7 +123,10 @@ OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelIn
     return st;
   }
   if (op->GetExecutionProviderType(op) == nullptr)  // the CPU's: on CUDA a constant's copy may live elsewhere
-    for (size_t i = 1; i < kQMatMulInputs; ++i) view_constant(info, i, &k->constants[i]);
+    for (size_t i = 1; i < kQMatMulInputs; ++i) {
+      view_constant(info, i, &k->constants[i]);
+      move_to_huge_pages(k->constants[i], k->huge_copies);
+    }
   *kernel = k;
   return nullptr;
 }
@@ -334,4 +348,14 @@ extern "C" __attribute__((visibility("default"))) const char* EdgeKernelsIsa(int
   if (fn == edge::qmatmul_tiles_avx2_int8) return "avx2-int8";
   if (fn == edge::qmatmul_tiles_avx2) return "avx2";
   return "portable";
+}
+
+// What the weight copies in 2 MB pages hold in this process (huge_pages.h): out = copies, bytes, references,
+// blocks. For tests and diagnostics (edge.kernels.library.huge_copy_stats).
+extern "C" __attribute__((visibility("default"))) void EdgeHugeCopyStats(int64_t* out) {
+  const edge::HugeCopyStats s = edge::huge_copy_stats();
+  out[0] = s.copies;
+  out[1] = s.bytes;
+  out[2] = s.references;
+  out[3] = s.blocks;
 }
