@@ -105,24 +105,42 @@ def test_the_default_model_falls_back_to_stock_ops_without_a_usable_library(monk
 
 
 _HUGE_PAGES_SCRIPT = """
-import gc, json, sys
+import gc, json, sys, tempfile
+from pathlib import Path
 import numpy as np
+import onnx
+import onnxruntime as ort
 sys.path.insert(0, "tests")
-from kernels_util import QMatMulRunner, make_weight
+import edge.kernels as ek
+from edge.kernels.graph import qmatmul_model
 from edge.kernels.library import huge_copy_stats
+from kernels_util import ensure_library, make_weight
+ensure_library()
 rng = np.random.default_rng(3)
 packed, _ = make_weight(rng, 256, 512, 4, 32, zeros="mins16")  # 64 KB of codes: copied; the statistics are not
+model, _ = qmatmul_model(packed, ["M", 512])
+inline_bytes = model.SerializeToString()  # before save_model moves the tensors out
+path = Path(tempfile.mkdtemp()) / "m.onnx"  # external data, memory-mapped by onnxruntime, as in a package
+onnx.save_model(model, path, save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
+def session(source):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    ek.register(so)
+    return ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
 x = rng.standard_normal((3, 512)).astype(np.float32)
 before = huge_copy_stats()
-a = QMatMulRunner(packed, cuda=False)
+a = session(str(path))
 one = huge_copy_stats()
-b = QMatMulRunner(packed, cuda=False)
+b = session(str(path))
 two = huge_copy_stats()
-ya, yb = a(x), b(x)
-del a, b
+ya, yb = a.run(None, {"X": x})[0], b.run(None, {"X": x})[0]
+inline = session(inline_bytes)  # weights in onnxruntime's heap: left where they are
+three = huge_copy_stats()
+yi = inline.run(None, {"X": x})[0]
+del a, b, inline
 gc.collect()
-print(json.dumps({"before": before, "one": one, "two": two, "after": huge_copy_stats(), "y": ya.tolist(),
-                  "same": bool(np.array_equal(ya, yb))}))
+print(json.dumps({"before": before, "one": one, "two": two, "three": three, "after": huge_copy_stats(),
+                  "y": ya.tolist(), "same": bool(np.array_equal(ya, yb) and np.array_equal(ya, yi))}))
 """
 
 
@@ -145,6 +163,7 @@ def test_constant_weights_are_read_from_shared_copies_in_huge_pages() -> None:
     assert on["before"]["copies"] == 0 and on["after"] == on["before"]
     assert on["one"]["copies"] == 1 and on["one"]["bytes"] == 256 * 512 // 2 and on["one"]["blocks"] == 1
     assert on["two"]["copies"] == 1 and on["two"]["references"] == 2  # the second session shares the copy
+    assert on["three"] == on["two"]  # inline weights are not copied
     off = _huge_pages_run({"EDGE_HUGE_PAGES": "0"})
     assert off["one"]["copies"] == 0 and off["two"]["copies"] == 0
     assert on["same"] and off["same"] and on["y"] == off["y"]

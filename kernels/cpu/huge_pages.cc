@@ -3,6 +3,7 @@
 #include "huge_pages.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -38,10 +39,20 @@ struct Copy {
   Block* block;
 };
 
+// One mapping of /proc/self/maps: [lo, hi) and whether a file backs it.
+struct Mapping {
+  uintptr_t lo, hi;
+  bool file;
+};
+
 struct Arena {
   std::mutex mu;
   std::vector<Block*> blocks;
   std::vector<Copy> copies;
+  // /proc/self/maps as last read (sorted), and when: a session's kernels are made within a fraction of a second,
+  // and reading the file costs ~1 ms (onnxruntime maps each initializer on its own: ~430 lines for SmolLM2).
+  std::vector<Mapping> maps;
+  std::chrono::steady_clock::time_point maps_read;
 };
 
 // Never destroyed: a session (and its kernels) may be released during interpreter shutdown, after statics.
@@ -92,6 +103,38 @@ Block* new_block(size_t need) {
   return new Block{base, size, 0, 0};
 }
 
+// Whether p lies in a mapping of a file (/proc/self/maps names a path for it): onnxruntime's memory map of the
+// package's external data. Weights it holds in its own heap (a model with inline initializers) are not copied: their
+// pages could not be handed back, and the copy would double them.
+void read_maps(Arena& a) {
+  a.maps.clear();
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    char* end = nullptr;
+    const uintptr_t lo = std::strtoull(line.c_str(), &end, 16);
+    if (end == nullptr || *end != '-') continue;
+    a.maps.push_back(Mapping{lo, std::strtoull(end + 1, nullptr, 16), line.find(" /") != std::string::npos});
+  }
+  a.maps_read = std::chrono::steady_clock::now();
+}
+
+const Mapping* find_mapping(const Arena& a, uintptr_t at) {
+  const auto it = std::upper_bound(a.maps.begin(), a.maps.end(), at,
+                                   [](uintptr_t v, const Mapping& m) { return v < m.lo; });
+  return it == a.maps.begin() || at >= std::prev(it)->hi ? nullptr : &*std::prev(it);
+}
+
+bool file_backed(Arena& a, const void* p) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  const Mapping* m = find_mapping(a, at);
+  if (m == nullptr || std::chrono::steady_clock::now() - a.maps_read > std::chrono::seconds(1)) {
+    read_maps(a);
+    m = find_mapping(a, at);
+  }
+  return m != nullptr && m->file;
+}
+
 // The source's whole pages, once copied: nothing reads them again (file pages return from the file if touched).
 void page_out(const void* src, size_t bytes) {
   const uintptr_t first = (reinterpret_cast<uintptr_t>(src) + 4095) & ~uintptr_t{4095};
@@ -105,10 +148,11 @@ void page_out(const void* src, size_t bytes) {
 const void* huge_copy(const void* src, size_t bytes) {
 #if defined(__linux__)
   if (src == nullptr || bytes < kHugeCopyMinBytes || !enabled()) return nullptr;
-  const char* from = static_cast<const char*>(src);
-  const uint64_t key = fingerprint(from, bytes);
   Arena& a = arena();
   std::lock_guard<std::mutex> lock(a.mu);
+  if (!file_backed(a, src)) return nullptr;
+  const char* from = static_cast<const char*>(src);
+  const uint64_t key = fingerprint(from, bytes);
   for (Copy& c : a.copies) {
     if (c.key == key && c.bytes == bytes && std::memcmp(c.data, from, bytes) == 0) {
       ++c.refs;

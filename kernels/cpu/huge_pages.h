@@ -19,7 +19,8 @@ namespace edge {
 
 // A read-only copy of src[0, bytes) in 2 MB pages, or nullptr where there is none to be had: not Linux, huge pages
 // off in the kernel (/sys/kernel/mm/transparent_hugepage/enabled "never"), EDGE_HUGE_PAGES=0, fewer than
-// kHugeCopyMinBytes bytes, or no memory. Every copy returned is released once with release_huge_copy.
+// kHugeCopyMinBytes bytes, src not in a memory-mapped file (onnxruntime's own heap: an inline initializer), or no
+// memory. Every copy returned is released once with release_huge_copy.
 const void* huge_copy(const void* src, size_t bytes);
 void release_huge_copy(const void* copy);
 
