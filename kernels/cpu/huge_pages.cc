@@ -22,7 +22,7 @@ namespace edge {
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kBlockBytes = size_t{32} << 20;  // the int4 default model's weights fill 3-4 blocks
+constexpr size_t kBlockBytes = size_t{32} << 20;  // the int4 default model's weights fill 3
 constexpr size_t kAlign = 64;                     // each copy starts on a cache line
 
 struct Block {
@@ -103,9 +103,6 @@ Block* new_block(size_t need) {
   return new Block{base, size, 0, 0};
 }
 
-// Whether p lies in a mapping of a file (/proc/self/maps names a path for it): onnxruntime's memory map of the
-// package's external data. Weights it holds in its own heap (a model with inline initializers) are not copied: their
-// pages could not be handed back, and the copy would double them.
 void read_maps(Arena& a) {
   a.maps.clear();
   std::ifstream maps("/proc/self/maps");
@@ -125,6 +122,9 @@ const Mapping* find_mapping(const Arena& a, uintptr_t at) {
   return it == a.maps.begin() || at >= std::prev(it)->hi ? nullptr : &*std::prev(it);
 }
 
+// Whether p lies in a mapping of a file (/proc/self/maps names a path for it): onnxruntime's memory map of the
+// package's external data. Weights it holds in its own heap (a model with inline initializers) are not copied: their
+// pages could not be handed back, and the copy would double them.
 bool file_backed(Arena& a, const void* p) {
   const uintptr_t at = reinterpret_cast<uintptr_t>(p);
   const Mapping* m = find_mapping(a, at);

@@ -62,7 +62,10 @@ OrtStatus* read_attr(const OrtKernelInfo* info, const char* name, int64_t* out) 
 // A constant's bytes: it streams from memory on every call, so it is read from a copy in 2 MB pages where one can be
 // had (huge_pages.h); otherwise, and for types this does not size, from onnxruntime's buffer as before.
 void move_to_huge_pages(TensorView& v, std::vector<const void*>& copies) {
-  const int64_t size = v.type == kOrtUint8 ? 1 : v.type == kOrtFloat16 ? 2 : v.type == kOrtFloat || v.type == kOrtInt32 ? 4 : 0;
+  const int64_t size = v.type == kOrtUint8     ? 1
+                       : v.type == kOrtFloat16 ? 2
+                       : v.type == kOrtFloat || v.type == kOrtInt32 ? 4
+                                                                     : 0;
   if (v.data == nullptr || size == 0) return;
   if (const void* copy = huge_copy(v.data, static_cast<size_t>(v.count * size))) {
     v.data = const_cast<void*>(copy);
