@@ -11,7 +11,7 @@ more, measured on a Zen 5). Prints the median over rounds of each size's time an
 the 1-token step. Build a library to compare with `python kernels/build.py --no-cuda` and copy
 kernels/libedge_kernels.so away first.
 
-    python benchmarks/step_ab.py A.so B.so --paired [--pairs 150] [--past 200]
+    python benchmarks/step_ab.py A.so B.so --paired [--pairs 150] [--past 200] [--package DIR]
     python benchmarks/step_ab.py PACKAGE_A PACKAGE_B --paired   # two exports of the model, the same library
 
 --paired: both libraries in one process, an engine each (EDGE_SPIN=run, so the idle engine's workers do not spin on
@@ -60,7 +60,7 @@ WORKER = COMMON + """
 import numpy as np
 from edge.speculative import CostCurve
 sizes, past = tuple(json.loads(sys.argv[1])), int(sys.argv[2])
-decoder, base = ready_decoder(past)
+decoder, base = ready_decoder(past, sys.argv[3] or None)
 runs = {}
 for size in sizes:
     times = [timed_step(decoder, base, size) for _ in range(21)]  # the first: a transition from the size before
@@ -70,6 +70,7 @@ print(json.dumps({"runs": runs, "turns": dict(zip(curve.sizes, curve.seconds))})
 """
 PAIRED_WORKER = COMMON + """
 libraries, sizes, past, pairs = json.loads(sys.argv[1]), tuple(json.loads(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4])
+package = sys.argv[5] or None
 os.environ["EDGE_SPIN"] = "run"
 folder = tempfile.mkdtemp()
 decoders = []
@@ -80,7 +81,7 @@ for i, library in enumerate(libraries):
     copy = os.path.join(folder, f"lib{i}.so")  # a path of its own: the same file twice would be loaded once
     shutil.copy(library, copy)
     os.environ["EDGE_KERNELS_LIBRARY"] = copy
-    decoders.append(ready_decoder(past))
+    decoders.append(ready_decoder(past, package))
 shutil.rmtree(folder)
 times = {f"{w}/{s}": [] for w in (0, 1) for s in sizes}
 for n in range(pairs):
@@ -92,9 +93,9 @@ print(json.dumps(times))
 """
 
 
-def paired(libraries: list[str], past: int, pairs: int) -> None:
+def paired(libraries: list[str], past: int, pairs: int, package: str = "") -> None:
     run = subprocess.run([sys.executable, "-c", PAIRED_WORKER, json.dumps(libraries), json.dumps(SIZES), str(past),
-                          str(pairs)], capture_output=True, text=True, check=True)
+                          str(pairs), package], capture_output=True, text=True, check=True)
     times = json.loads(run.stdout.strip().splitlines()[-1])
     a, b = libraries
     for size in SIZES:
@@ -108,10 +109,10 @@ def paired(libraries: list[str], past: int, pairs: int) -> None:
         print(f"{name}: " + ", ".join(f"S={s} {statistics.median(times[f'{which}/{s}']) / one:.2f}x" for s in SIZES[1:]))
 
 
-def measure(library: str, past: int) -> dict[str, dict[str, float]]:
+def measure(library: str, past: int, package: str = "") -> dict[str, dict[str, float]]:
     env = {**os.environ, "EDGE_KERNELS_LIBRARY": library}
-    run = subprocess.run([sys.executable, "-c", WORKER, json.dumps(SIZES), str(past)], env=env, capture_output=True,
-                         text=True, check=True)
+    run = subprocess.run([sys.executable, "-c", WORKER, json.dumps(SIZES), str(past), package], env=env,
+                         capture_output=True, text=True, check=True)
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
@@ -122,17 +123,18 @@ def main() -> None:
     parser.add_argument("--past", type=int, default=200)
     parser.add_argument("--paired", action="store_true", help="two libraries in one process, steps alternating")
     parser.add_argument("--pairs", type=int, default=150)
+    parser.add_argument("--package", default="", help="the package the libraries run (default: the default model's)")
     args = parser.parse_args()
     if args.paired:
         if len(args.libraries) != 2:
             parser.error("--paired compares exactly two libraries (the same one twice: the method's resolution)")
-        return paired(args.libraries, args.past, args.pairs)
+        return paired(args.libraries, args.past, args.pairs, args.package)
     if len(set(args.libraries)) != len(args.libraries):
         parser.error("name each library once")
     results: dict[str, list[dict]] = {lib: [] for lib in args.libraries}
     for round_ in range(args.rounds):
         for lib in args.libraries if round_ % 2 == 0 else args.libraries[::-1]:
-            results[lib].append(measure(lib, args.past))
+            results[lib].append(measure(lib, args.past, args.package))
     for lib, rounds in results.items():
         for way in ("runs", "turns"):
             median = {size: statistics.median(r[way][size] for r in rounds) for size in rounds[0][way]}
