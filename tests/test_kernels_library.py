@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -105,7 +106,7 @@ def test_the_default_model_falls_back_to_stock_ops_without_a_usable_library(monk
 
 
 _HUGE_PAGES_SCRIPT = """
-import gc, json, sys, tempfile
+import gc, json, sys
 from pathlib import Path
 import numpy as np
 import onnx
@@ -120,7 +121,7 @@ rng = np.random.default_rng(3)
 packed, _ = make_weight(rng, 256, 512, 4, 32, zeros="mins16")  # 64 KB of codes: copied; the statistics are not
 model, _ = qmatmul_model(packed, ["M", 512])
 inline_bytes = model.SerializeToString()  # before save_model moves the tensors out
-path = Path(tempfile.mkdtemp()) / "m.onnx"  # external data, memory-mapped by onnxruntime, as in a package
+path = Path(sys.argv[1]) / "m.onnx"  # external data, memory-mapped by onnxruntime, as in a package
 onnx.save_model(model, path, save_as_external_data=True, location="m.onnx.data", size_threshold=1024)
 def session(source):
     so = ort.SessionOptions()
@@ -144,26 +145,27 @@ print(json.dumps({"before": before, "one": one, "two": two, "three": three, "aft
 """
 
 
-def _huge_pages_run(env_extra: dict[str, str]) -> dict:
-    run = subprocess.run([sys.executable, "-c", _HUGE_PAGES_SCRIPT], env={**os.environ, **env_extra},
+def _huge_pages_run(folder: Path, env_extra: dict[str, str]) -> dict:
+    folder.mkdir()
+    run = subprocess.run([sys.executable, "-c", _HUGE_PAGES_SCRIPT, str(folder)], env={**os.environ, **env_extra},
                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert run.returncode == 0, run.stderr[-2000:]
-    return __import__("json").loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="2 MB weight pages are a Linux feature")
-def test_constant_weights_are_read_from_shared_copies_in_huge_pages() -> None:
+def test_constant_weights_are_read_from_shared_copies_in_huge_pages(tmp_path: Path) -> None:
     """A constant large enough is copied once per process, shared by a second session over the same bytes, freed
     with the last; the outputs are bitwise those read from onnxruntime's own buffer (EDGE_HUGE_PAGES=0)."""
     ensure_library()
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if not thp.exists() or "[never]" in thp.read_text():
         pytest.skip("transparent huge pages are off on this machine")
-    on = _huge_pages_run({})
+    on = _huge_pages_run(tmp_path / "on", {})
     assert on["before"]["copies"] == 0 and on["after"] == on["before"]
     assert on["one"]["copies"] == 1 and on["one"]["bytes"] == 256 * 512 // 2 and on["one"]["blocks"] == 1
     assert on["two"]["copies"] == 1 and on["two"]["references"] == 2  # the second session shares the copy
     assert on["three"] == on["two"]  # inline weights are not copied
-    off = _huge_pages_run({"EDGE_HUGE_PAGES": "0"})
+    off = _huge_pages_run(tmp_path / "off", {"EDGE_HUGE_PAGES": "0"})
     assert off["one"]["copies"] == 0 and off["two"]["copies"] == 0
     assert on["same"] and off["same"] and on["y"] == off["y"]
