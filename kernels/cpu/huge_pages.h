@@ -1,12 +1,12 @@
 // Constant weights copied into memory backed by 2 MB pages (Linux transparent huge pages).
 //
 // Why: onnxruntime maps each external-data initializer from the file in 4 KB pages, and a decoder step streams all
-// of them (~100 MB for the int4 SmolLM2), so every 4 KB of weights costs the kernels a TLB miss and a page walk.
-// Measured on a Zen 4 (session 32, one thread, 576x3072 and 576x49152 int4 weights streamed from memory): 10-18%
-// less time per call at 1 row and 17-23% at 8 rows with the same weights in 2 MB pages; the whole default model's
-// steps 3-5% faster at 1-16 tokens (`benchmarks/step_ab.py --paired`).
+// of them (83 MB for the int4 SmolLM2), so every 4 KB of weights costs the kernels a TLB miss and a page walk.
+// Measured on a Zen 4 (session 32, one thread, SmolLM2's int4 weights streamed from memory): 5-18% less time per
+// call at 1 row and 17-23% at 8 rows with the same weights in 2 MB pages; the whole default model's steps 3-12%
+// faster at 1-16 tokens, depending on the minute (`benchmarks/step_ab.py --paired`).
 //
-// The copy replaces the original in the kernel's view, and the original's pages are handed back to the kernel
+// The copy replaces the original in the kernel's view, and the original's pages are handed back to the system
 // (MADV_PAGEOUT: file pages are dropped, to be read again from the file if anything else touches them; anonymous
 // pages without swap stay), so the resident size stays about what it was. Two kernels asking for the same bytes
 // (a second session over the same package: a self-draft, a layer-skip draft) share one copy.
