@@ -314,25 +314,32 @@ class DecoderBuilder:
         """Layer i's attention; `slot` numbers its cache inputs/outputs (default i; differs in a layer subset)."""
         cfg, p = self.cfg, f"model.layers.{i}.self_attn"
         slot = i if slot is None else slot
-        qkv_inputs = self.qkv(x, p)
+        edge = self.opt.kernels == "edge"  # edge.Attention: rows independent of the call's size (kernels/)
+        qkv_inputs = self.qkv(x, p, norms_inside=edge)
         inputs = qkv_inputs + [f"past_key.{slot}", f"past_value.{slot}", "seqlens_k", "total_sequence_length",
                                rope[0], rope[1], "position_ids"]
-        if self.opt.tree_attention:
-            inputs.append("attention_bias")
+        inputs.append("attention_bias" if self.opt.tree_attention else "")
         attrs: dict[str, Any] = dict(num_heads=cfg.num_heads, kv_num_heads=cfg.num_kv_heads, do_rotary=1,
                                      scale=cfg.query_scale or 1.0 / math.sqrt(cfg.head_dim))
         if cfg.is_sliding_layer(i):
             attrs["local_window_size"] = cfg.sliding_window
         op, domain = "GroupQueryAttention", "com.microsoft"
-        if self.opt.kernels == "edge":  # rows independent of the call's size: exact verify steps (kernels/)
+        if edge:
             op, domain = "Attention", "edge"
+            if cfg.qk_norm:  # inputs 11 and 12: each head's q and k normalised inside the op
+                inputs += [self.weight(f"{p}.{n}_norm.weight", self.tensors[f"{p}.{n}_norm.weight"].astype(np.float32))
+                           for n in "qk"]
+                attrs["qk_norm_epsilon"] = cfg.rms_norm_eps
+        while inputs[-1] == "":
+            inputs.pop()
         out = self.g.node(op, inputs, domain=domain, name=f"{p}.gqa",
                           outputs=[f"{p}.gqa/out0", f"present_key.{slot}", f"present_value.{slot}"], **attrs)
         return self.linear(out[0], f"{p}.o_proj", self.tensors[f"{p}.o_proj.weight"],
                            self.tensors.get(f"{p}.o_proj.bias"))  # Llama with attention_bias=True
 
-    def qkv(self, x: str, p: str) -> list[str]:
-        """GroupQueryAttention's query/key/value inputs: packed in one tensor when fused and not normalised."""
+    def qkv(self, x: str, p: str, norms_inside: bool = False) -> list[str]:
+        """GroupQueryAttention's query/key/value inputs: packed in one tensor when fused and not normalised here.
+        norms_inside: q/k norms (Gemma 3) are the attention op's to apply (edge.Attention), not nodes of their own."""
         cfg = self.cfg
         if not self.opt.fuse_projections:
             q, k, v = (self.linear(x, f"{p}.{n}_proj", self.tensors[f"{p}.{n}_proj.weight"],
@@ -341,12 +348,12 @@ class DecoderBuilder:
             w = np.concatenate([self.tensors[f"{p}.{n}_proj.weight"] for n in "qkv"], axis=0)
             bias = np.concatenate([self.tensors[f"{p}.{n}_proj.bias"] for n in "qkv"]) if cfg.qkv_bias else None
             packed = self.linear(x, f"{p}.qkv_proj", w, bias)
-            if not cfg.qk_norm:
+            if not cfg.qk_norm or norms_inside:
                 return [packed, "", ""]
             q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
             q, k, v = self.g.node("Split", [packed, self.const(f"{p}.split", [q_dim, kv_dim, kv_dim])], n_out=3,
                                   axis=-1)
-        if cfg.qk_norm:
+        if cfg.qk_norm and not norms_inside:
             q, k = self.head_norm(q, f"{p}.q_norm.weight"), self.head_norm(k, f"{p}.k_norm.weight")
         return [q, k, v]
 

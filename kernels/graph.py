@@ -137,9 +137,10 @@ ATTENTION_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_
 
 
 def attention_model(num_heads: int, kv_heads: int, head_dim: int, packed: bool = True, bias: bool = True,
-                    stock: bool = False, scale: float = 0.0, window: int = 0) -> onnx.ModelProto:
+                    stock: bool = False, scale: float = 0.0, window: int = 0, qk_norm: bool = False) -> onnx.ModelProto:
     """A one-node model of edge.Attention (stock=True: ORT's GroupQueryAttention, same wiring) with every input fed,
-    for tests and the benchmark. Past and present share the names' shapes, so IOBinding can alias them."""
+    for tests and the benchmark. Past and present share the names' shapes, so IOBinding can alias them. qk_norm:
+    inputs q_norm and k_norm (edge.Attention only), each head's query and key RMS-normalised inside the op."""
     f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
     width = (num_heads + 2 * kv_heads) * head_dim if packed else num_heads * head_dim
     cache = [1, kv_heads, "L", head_dim]
@@ -147,12 +148,14 @@ def attention_model(num_heads: int, kv_heads: int, head_dim: int, packed: bool =
               "value": (f32, [1, "S", kv_heads * head_dim]), "past_key": (f32, cache), "past_value": (f32, cache),
               "seqlens_k": (i32, [1]), "total_sequence_length": (i32, []), "cos_cache": (f32, ["R", head_dim // 2]),
               "sin_cache": (f32, ["R", head_dim // 2]), "position_ids": (i64, [1, "S"]),
-              "attention_bias": (f32, [1, 1, "S", "T"])}
+              "attention_bias": (f32, [1, 1, "S", "T"]), "q_norm": (f32, [head_dim]), "k_norm": (f32, [head_dim])}
     absent = ({"key", "value"} if packed else set()) | (set() if bias else {"attention_bias"})
-    names = ["" if n in absent else n for n in ATTENTION_INPUTS]
+    names = ["" if n in absent else n for n in ATTENTION_INPUTS] + (["q_norm", "k_norm"] if qk_norm else [])
     while names[-1] == "":
         names.pop()
     attrs = dict(num_heads=num_heads, kv_num_heads=kv_heads, do_rotary=1, scale=scale or head_dim ** -0.5)
+    if qk_norm:
+        attrs["qk_norm_epsilon"] = 1e-6
     if window:
         attrs["local_window_size"] = window
     node = (helper.make_node("GroupQueryAttention", names, ["output", "present_key", "present_value"],

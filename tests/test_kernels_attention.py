@@ -32,7 +32,8 @@ class Attention:
     as the runtime binds its KV cache (in place), unless in_place=False."""
 
     def __init__(self, packed: bool = True, bias: bool = True, stock: bool = False, threads: int = 2,
-                 in_place: bool = True, window: int = 0, heads: tuple[int, int, int] = (H, KV, D), capacity: int = L):
+                 in_place: bool = True, window: int = 0, heads: tuple[int, int, int] = (H, KV, D), capacity: int = L,
+                 norms: tuple[np.ndarray, np.ndarray] | None = None):
         ensure_library()
         self.H, self.KV, self.D = heads
         self.scale = self.D ** -0.5
@@ -44,8 +45,9 @@ class Attention:
         if self.device[0] == "cuda":
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # the CUDA kernel, or an error
             providers = ["CUDAExecutionProvider"]
-        model = attention_model(*heads, packed=packed, bias=bias, stock=stock, scale=self.scale, window=window)
-        self.window = window
+        model = attention_model(*heads, packed=packed, bias=bias, stock=stock, scale=self.scale, window=window,
+                                qk_norm=norms is not None)
+        self.window, self.norms = window, norms
         self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
         self.packed, self.bias, self.in_place = packed, bias, in_place
         rng = np.random.default_rng(1)
@@ -64,6 +66,8 @@ class Attention:
             feeds.update(query=q[None], key=k[None], value=v[None])
         if self.bias:
             feeds["attention_bias"] = (np.zeros((1, 1, s, past + s), np.float32) if bias is None else bias)
+        if self.norms is not None:
+            feeds["q_norm"], feeds["k_norm"] = self.norms
         io = self.sess.io_binding()
         for name, value in feeds.items():
             io.bind_cpu_input(name, np.ascontiguousarray(value))
@@ -201,6 +205,36 @@ def test_head_layouts_match_the_reference_and_rows_their_one_token_steps(heads):
     for i in range(5):
         row = alone(q[i:i + 1], k[i:i + 1], v[i:i + 1], 30 + i, [30 + i])
         np.testing.assert_array_equal(out[i], row[0], err_msg=f"row {i}")
+
+
+def head_norm(x: np.ndarray, weight: np.ndarray, head_dim: int) -> np.ndarray:
+    """float64 RMSNorm of each head_dim slice (Gemma 3's q_norm / k_norm), back in float32."""
+    heads = x.astype(np.float64).reshape(x.shape[0], -1, head_dim)
+    inv = 1.0 / np.sqrt((heads ** 2).mean(-1, keepdims=True) + 1e-6)
+    return (heads * inv * weight).reshape(x.shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("heads", [(6, 2, 32), (4, 1, 256)])
+def test_q_and_k_norms_inside_the_op_equal_them_applied_before_it(packed, heads):
+    """Inputs q_norm and k_norm (Gemma 3) normalise each head's query and key before the rotary embedding: the same
+    outputs and cache as the op fed queries and keys normalised beforehand (to float rounding), and each row of a
+    chain bitwise the row decoded alone."""
+    rng = np.random.default_rng(5)
+    h, kv, d = heads
+    norms = (rng.uniform(0.5, 1.5, d).astype(np.float32), rng.uniform(0.5, 1.5, d).astype(np.float32))
+    q, k, v = rows(rng, 6, heads)
+    q, k = q * 3, k * 0.2  # far from unit RMS: a missing norm shows
+    inside, before = Attention(packed=packed, heads=heads, norms=norms), Attention(packed=packed, heads=heads)
+    out = inside(q, k, v, 20, np.arange(20, 26))
+    expected = before(head_norm(q, norms[0], d), head_norm(k, norms[1], d), v, 20, np.arange(20, 26))
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(inside.cache[0], before.cache[0], rtol=0, atol=1e-5)
+    alone = Attention(packed=packed, heads=heads, norms=norms)
+    for i in range(6):
+        row = alone(q[i:i + 1], k[i:i + 1], v[i:i + 1], 20 + i, [20 + i])
+        np.testing.assert_array_equal(out[i], row[0], err_msg=f"row {i}")
+    np.testing.assert_array_equal(inside.cache[0], alone.cache[0])
 
 
 @pytest.mark.parametrize("window", [0, 20])

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "rms_norm.h"
+
 namespace edge {
 
 struct AttentionArgs {
@@ -29,6 +31,12 @@ struct AttentionArgs {
   int64_t rope_rows = 0;
   const int64_t* positions = nullptr;  // (S,)
   const float* bias = nullptr;  // (S, P + S) or null
+  // Gemma 3's q_norm / k_norm: each head's query and key RMS-normalised with these (D,) weights before the rotary
+  // embedding; null: none. Inside the op, not as nodes around it: the norms' Split, Reshapes and two norm nodes
+  // were 7 of a Gemma 3 layer's 14 nodes, each paying onnxruntime's dispatch.
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float norm_eps = 0.0f;
   float* kcache = nullptr;  // (KV, L, D), already holding the new rows when rows are attended
   float* vcache = nullptr;
   float* out = nullptr;  // (S, H * D)
@@ -72,13 +80,24 @@ inline void record_half(const AttentionArgs& a, int64_t s, int64_t h, float top,
   slot[1] = sum;
 }
 
-// Rotary embedding of one head vector (non-interleaved halves), as GroupQueryAttention's do_rotary=1.
+// Rotary embedding of one head vector (non-interleaved halves), as GroupQueryAttention's do_rotary=1. out may be x.
 inline void rotate_half(const float* x, const float* cos, const float* sin, int64_t half, float* out) {
   for (int64_t i = 0; i < half; ++i) {
     const float a = x[i], b = x[i + half];
     out[i] = a * cos[i] - b * sin[i];
     out[i + half] = b * cos[i] + a * sin[i];
   }
+}
+
+// A head vector as the rotary embedding sees it: RMS-normalised first when the layer has q/k norms (`weight`), with
+// the arithmetic of edge.QMatMul's norms (rms_norm.h), the same bits for a row whatever shares the call.
+inline void rotate_head(const float* x, const float* weight, float eps, int64_t D, const float* cos, const float* sin,
+                        float* out) {
+  if (weight != nullptr) {
+    rms_norm_rows(x, nullptr, weight, eps, 1, D, nullptr, out);
+    x = out;
+  }
+  rotate_half(x, cos, sin, D / 2, out);
 }
 
 // What one (row, head) task reads and writes: the query rotated into `q` (head_dim floats), the keys it sees (its kv
@@ -95,7 +114,7 @@ struct RowTask {
 
 inline RowTask row_task(const AttentionArgs& a, int64_t s, int64_t h, float* q) {
   const int64_t D = a.D, half = D / 2, pos = a.positions[s], g = h / (a.H / a.KV);
-  rotate_half(a.q + s * a.q_stride + h * D, a.cos + pos * half, a.sin + pos * half, half, q);
+  rotate_head(a.q + s * a.q_stride + h * D, a.q_norm, a.norm_eps, D, a.cos + pos * half, a.sin + pos * half, q);
   int64_t n = 0, first = visible_keys(a, s, n);
   const int64_t head = first_half(a, s, first, n);
   if (a.key_half == 0) {

@@ -5,6 +5,8 @@
 //   3 past_key, 4 past_value  float32 (1, KV, L, D)   5 seqlens_k int32 (1,) = P + S - 1
 //   6 total_sequence_length int32 scalar = P + S      7 cos_cache, 8 sin_cache float32 (positions, D / 2)
 //   9 position_ids int64 (1, S)                        10 attention_bias float32 (1, 1, S, P + S), optional
+//   11 q_norm, 12 k_norm float32 (head_dim,), optional, together (attribute qk_norm_epsilon, default 1e-6): each
+//   head's query and key RMS-normalised before the rotary embedding (Gemma 3); not in GroupQueryAttention
 // Outputs: 0 (1, S, H D); 1 present_key, 2 present_value (1, KV, L, D): the past buffers themselves when the caller
 // binds them so (the runtime's in-place cache), else a copy of the past with the new rows written at P .. P+S-1.
 #include "attention_op.h"
@@ -34,7 +36,7 @@ int input_type(const OrtCustomOp*, size_t index) {
 size_t input_count(const OrtCustomOp*) { return kInputs; }
 size_t output_count(const OrtCustomOp*) { return 3; }
 int input_characteristic(const OrtCustomOp*, size_t index) {
-  return index == 1 || index == 2 || index == 10 ? kOrtOptional : kOrtRequired;
+  return index == 1 || index == 2 || index >= 10 ? kOrtOptional : kOrtRequired;
 }
 const char* cpu_provider(const OrtCustomOp*) { return nullptr; }
 
@@ -72,6 +74,7 @@ OrtStatus* create_attention_kernel(const OrtCustomOp*, const OrtApi*, const OrtK
     return error(err);
   }
   k->window = window > 0 ? window : 0;
+  k->norm_eps = optional_attr<float>(g_ort.KernelInfoGetAttribute_float, info, "qk_norm_epsilon", 1e-6f);
   *kernel = k;
   return nullptr;
 }
@@ -145,6 +148,14 @@ std::string bind(const AttentionKernel& k, const TensorView* in, AttentionArgs& 
       return "attention_bias must be float32 (1, 1, S, total_sequence_length)";
     a.bias = static_cast<const float*>(in[10].data);
   }
+  if ((in[11].value == nullptr) != (in[12].value == nullptr)) return "q_norm and k_norm must be given together";
+  if (in[11].value != nullptr) {
+    if (in[11].type != kOrtFloat || in[12].type != kOrtFloat || in[11].count != a.D || in[12].count != a.D)
+      return "q_norm and k_norm must be float32 (head_dim,) weights";
+    a.q_norm = static_cast<const float*>(in[11].data);
+    a.k_norm = static_cast<const float*>(in[12].data);
+    a.norm_eps = k.norm_eps;
+  }
   a.scale = k.scale != 0.0f ? k.scale : 1.0f / std::sqrt(static_cast<float>(a.D));
   a.window = k.window;
   return "";
@@ -200,7 +211,8 @@ void write_cache(const TensorView* in, AttentionArgs& a) {
     const int64_t pos = a.positions[s];
     for (int64_t g = 0; g < a.KV; ++g) {
       float* key = a.kcache + (g * a.L + a.P + s) * a.D;
-      rotate_half(a.k + s * a.kv_stride + g * a.D, a.cos + pos * half, a.sin + pos * half, half, key);
+      rotate_head(a.k + s * a.kv_stride + g * a.D, a.k_norm, a.norm_eps, a.D, a.cos + pos * half,
+                  a.sin + pos * half, key);
       std::memcpy(a.vcache + (g * a.L + a.P + s) * a.D, a.v + s * a.kv_stride + g * a.D, sizeof(float) * a.D);
     }
   }

@@ -9,13 +9,14 @@
 
 namespace edge {
 
-constexpr size_t kAttentionInputs = 11;
+constexpr size_t kAttentionInputs = 13;
 
 // The node's attributes.
 struct AttentionKernel {
   int64_t H = 0, KV = 0;
   float scale = 0.0f;  // 0: 1/sqrt(D)
   int64_t window = 0;  // local_window_size; 0: none
+  float norm_eps = 0.0f;  // qk_norm_epsilon, for inputs 11 and 12
 };
 
 OrtStatus* create_attention_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info, void** kernel);

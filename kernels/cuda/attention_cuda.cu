@@ -22,15 +22,41 @@ __device__ __forceinline__ int64_t clamp_position(const AttentionArgs& a, int64_
   return p < 0 ? 0 : (p >= a.rope_rows ? a.rope_rows - 1 : p);
 }
 
-// Rows P .. P+S-1 of the cache: keys rotated, values copied. Grid (S, KV), threads over the half head.
+// The sum of v over the block's threads (blockDim a multiple of 32, every thread calling), in an order fixed by the
+// block's size alone. `warp_sums`: shared memory for one float per warp.
+__device__ float block_sum(float v, float* warp_sums) {
+  for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += warp_sums[w];
+  __syncthreads();
+  return total;
+}
+
+// The factor that RMS-normalises the head vector x (D floats; q/k norms: the CPU's rms_norm.h with the sum in another
+// fixed order), each thread of the block summing its dimensions i and i + D/2; 1 without norm weights.
+__device__ float head_norm_factor(const float* x, const float* weight, int64_t D, float eps, float* warp_sums) {
+  if (weight == nullptr) return 1.0f;
+  float squares = 0.0f;
+  for (int64_t i = threadIdx.x; i < D / 2; i += blockDim.x) squares += x[i] * x[i] + x[i + D / 2] * x[i + D / 2];
+  return 1.0f / sqrtf(block_sum(squares, warp_sums) / static_cast<float>(D) + eps);
+}
+
+// Rows P .. P+S-1 of the cache: keys normalised (q/k norms) and rotated, values copied. Grid (S, KV), threads over
+// the half head.
 __global__ void write_cache_kernel(AttentionArgs a) {
+  __shared__ float warp_sums[kMaxHeadDim / 32];
   const int64_t s = blockIdx.x, g = blockIdx.y, half = a.D / 2, pos = clamp_position(a, s);
   const float* kin = a.k + s * a.kv_stride + g * a.D;
   const float* vin = a.v + s * a.kv_stride + g * a.D;
   float* key = a.kcache + (g * a.L + a.P + s) * a.D;
   float* val = a.vcache + (g * a.L + a.P + s) * a.D;
+  const float inv = head_norm_factor(kin, a.k_norm, a.D, a.norm_eps, warp_sums);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const float x0 = kin[i], x1 = kin[i + half], c = a.cos[pos * half + i], sn = a.sin[pos * half + i];
+    float x0 = kin[i], x1 = kin[i + half];
+    if (a.k_norm != nullptr) x0 = x0 * inv * a.k_norm[i], x1 = x1 * inv * a.k_norm[i + half];
+    const float c = a.cos[pos * half + i], sn = a.sin[pos * half + i];
     key[i] = x0 * c - x1 * sn;
     key[i + half] = x1 * c + x0 * sn;
     val[i] = vin[i];
@@ -60,6 +86,7 @@ __device__ __forceinline__ void prefetch_l2(const float* keys, const float* valu
 __global__ void __launch_bounds__(kMaxHeadDim) attend_kernel(AttentionArgs a) {
   extern __shared__ float smem[];
   __shared__ float warp_top[kMaxHeadDim / 32];
+  __shared__ float warp_sums[kMaxHeadDim / 32];
   float* q = smem;
   float* scores = smem + a.D;
   const int tid = threadIdx.x, lane = tid & 31, warps = blockDim.x / 32;
@@ -71,8 +98,11 @@ __global__ void __launch_bounds__(kMaxHeadDim) attend_kernel(AttentionArgs a) {
   const float* values = a.vcache + (g * a.L + first) * D;
   if (a.S <= kPrefetchRows) prefetch_l2(keys, values, n * D * static_cast<int64_t>(sizeof(float)));
   const float* qin = a.q + s * a.q_stride + h * D;
+  const float inv = head_norm_factor(qin, a.q_norm, D, a.norm_eps, warp_sums);
   for (int64_t i = tid; i < half; i += blockDim.x) {
-    const float x0 = qin[i], x1 = qin[i + half], c = a.cos[pos * half + i], sn = a.sin[pos * half + i];
+    float x0 = qin[i], x1 = qin[i + half];
+    if (a.q_norm != nullptr) x0 = x0 * inv * a.q_norm[i], x1 = x1 * inv * a.q_norm[i + half];
+    const float c = a.cos[pos * half + i], sn = a.sin[pos * half + i];
     q[i] = x0 * c - x1 * sn;
     q[i + half] = x1 * c + x0 * sn;
   }
