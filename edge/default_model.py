@@ -36,8 +36,9 @@ DRAFT_HEAD = Path(importlib.util.find_spec("edge.export").submodule_search_locat
 EXPORTS = {"int4-edge": dict(quant="int4", kernels="edge", accuracy_level=4, zeros="float", embedding_bits=4,
                              head="gptq", draft_head=DRAFT_HEAD)}
 # Bumped when a named export's options or graph change: its cache folder gets a new name, so an older export is not
-# reused (6: RMSNorms inside edge.QMatMul).
-EXPORT_REVISIONS = {"int4-edge": 6}
+# reused (6: RMSNorms inside edge.QMatMul; 7: Gemma 3's q/k norms inside edge.Attention, for cached exports of
+# other sources: the default model's graph is the same).
+EXPORT_REVISIONS = {"int4-edge": 7}
 # Named exports an older edge made and this one never uses: the GPU's own graph (norms as nodes) until session 28.
 RETIRED_EXPORTS = ("int4-edge-cuda",)
 
@@ -139,6 +140,8 @@ def remove_stale_exports(quant: str) -> None:
     models = cache_dir() / "models"
     base = models / f"smollm2-135m-instruct-{quant}"
     old = [base, *(base.with_name(f"{base.name}-r{r}") for r in range(2, revision))] if revision else []
+    for r in range(1, revision):  # other sources' exports (edge.cached_export): revision 1 had no suffix
+        old += models.glob(f"exports/*-{quant}" + (f"-r{r}" if r > 1 else ""))
     for name in RETIRED_EXPORTS:
         old += [models / f"smollm2-135m-instruct-{name}", *models.glob(f"exports/*-{name}")]
     for folder in old:

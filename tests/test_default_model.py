@@ -15,8 +15,12 @@ def test_a_new_export_revision_replaces_the_older_cached_one(monkeypatch, tmp_pa
     older = models / "smollm2-135m-instruct-int4-edge-r2"
     other = models / "smollm2-135m-instruct-int4-edge-acc0"  # a benchmark's own export: kept
     retired = [models / "smollm2-135m-instruct-int4-edge-cuda",  # the GPU's own export until session 28
-               models / "exports" / "my-model-0123456789ab-int4-edge-cuda"]
-    for folder in (old, older, other, *retired):
+               models / "exports" / "my-model-0123456789ab-int4-edge-cuda",
+               # another source's exports by older revisions (edge.cached_export)
+               models / "exports" / "my-model-0123456789ab-int4-edge",
+               models / "exports" / "my-model-0123456789ab-int4-edge-r6"]
+    current = models / "exports" / f"my-model-0123456789ab-int4-edge-r{default_model.EXPORT_REVISIONS['int4-edge']}"
+    for folder in (old, older, other, current, *retired):
         folder.mkdir(parents=True)
         (folder / "manifest.json").write_text("{}")
     exported = []
@@ -34,5 +38,5 @@ def test_a_new_export_revision_replaces_the_older_cached_one(monkeypatch, tmp_pa
     assert target.name == f"smollm2-135m-instruct-int4-edge-r{default_model.EXPORT_REVISIONS['int4-edge']}"
     assert exported == [{**default_model.EXPORTS["int4-edge"], "progress": True}]
     assert not old.exists() and not older.exists() and other.exists()
-    assert not any(folder.exists() for folder in retired)
+    assert not any(folder.exists() for folder in retired) and current.exists()
     assert default_model.default_package("int4-edge") == target and len(exported) == 1  # cached now
