@@ -338,8 +338,10 @@ def _loader(file: _GGUFFile, tensor: _TensorInfo, unpermute_heads: int | None) -
 def _dequantize(file: _GGUFFile, tensor: _TensorInfo, unpermute_heads: int | None) -> np.ndarray:
     import gguf
 
-    data = gguf.quants.dequantize(file.raw(tensor), gguf.GGMLQuantizationType(tensor.qtype))
-    array = np.array(data, dtype=np.float32, copy=True)  # never a view into the mmap
+    raw = file.raw(tensor)
+    array = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(tensor.qtype)), dtype=np.float32)
+    if np.may_share_memory(array, raw):  # float32 tensors come back as a view into the mmap: never keep one
+        array = array.copy()  # (a dequantized table is fresh already: copying it too doubled its peak)
     array = array.reshape(tuple(reversed(tensor.dims)))
     if unpermute_heads:
         array = unpermute_rotary(array, unpermute_heads)

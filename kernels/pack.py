@@ -164,11 +164,19 @@ def _tile_groups(a: np.ndarray, n_pad: int) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(n_pad // TILE, TILE, a.shape[1]).transpose(0, 2, 1))
 
 
+# Tiles packed at a time: the shifted codes are 4-byte words, so a whole 262,144-row head (Gemma 3) at once made
+# gigabytes of temporaries.
+CHUNK_TILES = 2048
+
+
 def _pack_words(c: np.ndarray, width: int, per_word: int, dtype: type) -> np.ndarray:
-    """(tiles, 8, units, per_word) codes -> (tiles, units, 8) words with code i at bits width*i."""
-    shifts = (np.arange(per_word, dtype=np.uint64) * width).astype(np.uint64)
-    words = (c.astype(np.uint64) << shifts).sum(axis=-1, dtype=np.uint64).astype(dtype)
-    return words.transpose(0, 2, 1)
+    """(tiles, 8, units, per_word) codes -> (tiles, units, 8) words with code i at bits width*i (at most 32 bits)."""
+    shifts = (np.arange(per_word, dtype=np.uint32) * width).astype(np.uint32)
+    words = np.empty((c.shape[0], c.shape[2], c.shape[1]), dtype=dtype)
+    for t in range(0, c.shape[0], CHUNK_TILES):
+        part = (c[t:t + CHUNK_TILES].astype(np.uint32) << shifts).sum(axis=-1, dtype=np.uint32).astype(dtype)
+        words[t:t + CHUNK_TILES] = part.transpose(0, 2, 1)
+    return words
 
 
 def pack_codes(codes: np.ndarray, bits: int, group_size: int) -> np.ndarray:

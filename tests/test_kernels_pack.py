@@ -104,3 +104,16 @@ def test_wrong_scales_shape() -> None:
         ek.pack(np.zeros((8, 64), np.uint8), np.ones((8, 3), np.float32), bits=4, group_size=32)
     with pytest.raises(EdgeError, match="outlier coordinates"):
         ek.make_outliers(4, 10, rows=[4], cols=[0], values=[1.0])
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_codes_packed_in_chunks_of_tiles_equal_all_at_once(monkeypatch, bits):
+    """pack_codes packs CHUNK_TILES tiles at a time (its shifted words stay small): the same bytes as all tiles at
+    once, a partial last chunk and padded columns included."""
+    import importlib
+
+    pack = importlib.import_module("edge.kernels.pack")  # the module: edge.kernels.pack is also a function's name
+    codes = np.random.default_rng(bits).integers(0, 1 << bits, (203, 96)).astype(np.uint8)
+    whole = pack.pack_codes(codes, bits, 32)
+    monkeypatch.setattr(pack, "CHUNK_TILES", 3)
+    np.testing.assert_array_equal(pack.pack_codes(codes, bits, 32), whole)

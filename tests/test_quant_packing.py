@@ -48,3 +48,17 @@ def test_rejects_what_matmulnbits_cannot_run():
         pack_weights(codes, 4, 24)
     with pytest.raises(QuantizationError, match="exceeds"):
         pack_bits(np.array([4]), 2)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_weights_packed_in_chunks_of_rows_equal_all_at_once(monkeypatch, bits):
+    """pack_weights packs CHUNK_ROWS rows at a time: the same bytes as all rows at once (a short last block and a
+    partial last chunk included)."""
+    import edge.export.quant.packing as packing
+
+    codes = np.random.default_rng(bits).integers(0, 1 << bits, (203, 70)).astype(np.uint8)
+    whole = packing.pack_weights(codes, bits, 32)
+    monkeypatch.setattr(packing, "CHUNK_ROWS", 16)
+    chunked = packing.pack_weights(codes, bits, 32)
+    assert chunked.dtype == whole.dtype and np.array_equal(chunked, whole)
+    np.testing.assert_array_equal(packing.unpack_weights(chunked, bits, 32, 70), codes)

@@ -128,3 +128,19 @@ def test_float_zeros_on_a_short_last_block():
     assert np.all(np.abs(q.dequantize() - w) <= step / 2 + 1e-6)
     tail = w[:, 32:]
     np.testing.assert_allclose(q.scales[:, 1], (tail.max(1) - tail.min(1)) / 15, rtol=1e-5)  # padding left out
+
+
+@pytest.mark.parametrize("options", [{}, {"float_zero": True}, {"lattice": True}])
+def test_rows_quantized_in_chunks_equal_the_whole_matrix_at_once(monkeypatch, options):
+    """quantize_rtn works through a large matrix CHUNK_ROWS rows at a time (its float temporaries stay small): every
+    output is what the whole matrix at once gives, a short last block and a partial last chunk included."""
+    import edge.export.quant.rtn as rtn
+
+    w = np.random.default_rng(3).standard_normal((203, 70)).astype(np.float32)
+    w[5] = 0.0  # a constant row
+    whole = quantize_rtn(w, bits=4, block_size=32, **options)
+    monkeypatch.setattr(rtn, "CHUNK_ROWS", 16)
+    chunked = quantize_rtn(w, bits=4, block_size=32, **options)
+    for field in ("codes", "scales", "zeros", "offsets"):
+        a, b = getattr(whole, field), getattr(chunked, field)
+        assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), field

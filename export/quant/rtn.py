@@ -23,6 +23,12 @@ def check_weight(w: np.ndarray) -> np.ndarray:
     return w
 
 
+# Rows quantized at a time: every row's blocks are independent, and the float temporaries of a whole matrix at once
+# (a division, a sum, a rounding and a clip, each the matrix's size; float64 with float zeros) took Gemma 3's
+# 262,144 x 640 embedding to a 3.5 GB peak for a 671 MB weight.
+CHUNK_ROWS = 8192
+
+
 def quantize_rtn(
     w: np.ndarray, bits: int, block_size: int, float_zero: bool = False, lattice: bool = False
 ) -> QuantizedLinear:
@@ -37,8 +43,25 @@ def quantize_rtn(
     check_bits(bits)
     if block_size < 1:
         raise QuantizationError(f"block_size must be positive, got {block_size}")
-    n, k = w.shape
+    k = w.shape[1]
     block_size = min(block_size, k) if block_size >= k else block_size
+    parts = [_grid(w[r:r + CHUNK_ROWS], bits, block_size, float_zero, lattice) for r in range(0, len(w), CHUNK_ROWS)]
+    codes, scale, zero = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    if float_zero:
+        return QuantizedLinear.from_float_zeros(codes, scale, zero, bits, block_size, method="rtn")
+    return QuantizedLinear(
+        codes=codes,
+        scales=scale.astype(np.float32),
+        zeros=zero.astype(np.uint8),
+        bits=bits,
+        block_size=block_size,
+        method="rtn",
+    )
+
+
+def _grid(w: np.ndarray, bits: int, block_size: int, float_zero: bool, lattice: bool) -> tuple[np.ndarray, ...]:
+    """Codes (uint8), scales and zeros of some rows: quantize_rtn's grid, row by row the same whatever the chunk."""
+    n, k = w.shape
     kb = num_blocks(k, block_size)
     padded = np.zeros((n, kb * block_size), dtype=np.float32)
     padded[:, :k] = w
@@ -52,13 +75,4 @@ def quantize_rtn(
     else:
         scale, zero = minmax_params(blocks, bits)
     codes = quantize(blocks, scale[..., None], zero[..., None], bits).reshape(n, kb * block_size)[:, :k]
-    if float_zero:
-        return QuantizedLinear.from_float_zeros(codes, scale, zero, bits, block_size, method="rtn")
-    return QuantizedLinear(
-        codes=codes.astype(np.uint8),
-        scales=scale.astype(np.float32),
-        zeros=zero.astype(np.uint8),
-        bits=bits,
-        block_size=block_size,
-        method="rtn",
-    )
+    return codes.astype(np.uint8), scale, zero
