@@ -78,6 +78,8 @@ RUNTIME_OVERHEAD_BYTES = IMPORT_BYTES + SESSION_RUNTIME_BYTES
 # (49,152-entry byte-level BPE with its merges, tokenizers 0.23.3) raised RSS by 39.2 MiB in a fresh process (32.4 MiB
 # for tokenizers.Tokenizer.from_file alone). Not proportional to the file's size: the same vocabulary pretty-printed
 # (3.5 MB instead of 1.6 MB) costs the same. Counted once per process (a draft shares the target's tokenizer).
+# Since session 33 the tokenizer hands the parse's freed heap back (edge.memory.usage.release_free_heap): 14 MiB
+# stay for SmolLM2 (Gemma 3, 262,144 entries: ~95 of ~290 MB). The term keeps the load's transient, an upper bound.
 TOKENIZER_BYTES_PER_ENTRY = 840
 
 # Extra resident bytes per MatMulNBits byte after ORT's prepack (SmolLM2-135M int4, accuracy_level 4: 59.9 MiB for

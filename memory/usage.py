@@ -48,6 +48,22 @@ def anon_bytes() -> int:
     return rss_bytes() if anon is None else anon
 
 
+def release_free_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim; elsewhere nothing).
+
+    Loading a tokenizer parses its JSON into a tree of small allocations that are freed as soon as the tokenizer is
+    built, but glibc keeps the pages: Gemma 3's tokenizer.json (262,144 entries, 514,906 merges) left RSS 290 MB
+    higher, of which 95 MB is the tokenizer itself; SmolLM2's 38 MB for 14 MB."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        pass
+
+
 def peak_rss_bytes() -> int:
     peak = _status_bytes("VmHWM")
     if peak is not None:
