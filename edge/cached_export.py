@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from edge.default_model import EXPORT_REVISIONS, EXPORTS, cache_dir, default_quant, remove_stale_exports
+from edge.memory.usage import release_free_heap
 from edge.package import MANIFEST
 
 GGUF_MAGIC = b"GGUF"
@@ -65,6 +66,7 @@ def cached_export(source: str | os.PathLike, device: str = "cpu") -> Path:
     print(f"edge: exporting {source} once ({quant}) into {target}", file=sys.stderr, flush=True)
     export_model(source, target, overwrite=True, progress=True, **options)
     remove_stale_exports(quant)
+    release_free_heap()  # the export's freed temporaries (Gemma 3 270M: 383 -> 70 MiB anonymous) before the model runs
     return target
 
 

@@ -128,6 +128,9 @@ def default_package(quant: str = DEFAULT_QUANT) -> Path:
         return target
     export_model(default_gguf(), target, **EXPORTS.get(quant, {"quant": quant}), progress=True)
     remove_stale_exports(quant)
+    from edge.memory.usage import release_free_heap
+
+    release_free_heap()  # the export's freed temporaries, before the model runs in this process
     return target
 
 
