@@ -64,6 +64,11 @@ def two_level_stats(q):
     return two if np.allclose(two.zeros(), float_zeros, rtol=1e-5, atol=1e-4) else None
 
 
+# Rows float16_statistics compares at a time: whole-matrix float32 copies of Gemma 3's 262,144 x 640 head (the weights
+# both ways, each scale and min spread over K) took its export to a 3.6 GB peak.
+STATS_CHUNK_ROWS = 8192
+
+
 def float16_statistics(q, source: np.ndarray | None = None) -> dict[str, np.ndarray] | None:
     """q's statistics in float16 where that loses nothing, as pack's keyword arguments: a float16 scale with q's
     uint8 zero points when its scales are float16 values (a Q8_0 table); else a float16 (scale, min) pair, W = code
@@ -76,10 +81,22 @@ def float16_statistics(q, source: np.ndarray | None = None) -> dict[str, np.ndar
     m16 = (-q.scales * q.zeros.astype(np.float32) + (0 if q.offsets is None else q.offsets)).astype(np.float16)
     if not (np.isfinite(s16).all() and np.isfinite(m16).all()):
         return None
-    k = q.codes.shape[1]
-    per_k = np.arange(k) // q.block_size
-    w16 = q.codes.astype(np.float32) * s16.astype(np.float32)[:, per_k] + m16.astype(np.float32)[:, per_k]
-    exact = np.array_equal(w16, q.dense()) or (source is not None and np.array_equal(w16, source))
+    per_k = np.arange(q.codes.shape[1]) // q.block_size
+
+    def weights16(r: int) -> np.ndarray:  # rows r .. r + STATS_CHUNK_ROWS as the float16 pair gives them
+        rows = slice(r, r + STATS_CHUNK_ROWS)
+        return q.codes[rows].astype(np.float32) * s16[rows].astype(np.float32)[:, per_k] + \
+            m16[rows].astype(np.float32)[:, per_k]
+
+    def own_rows(r: int) -> np.ndarray:  # the same rows as q's own form gives them
+        rows = slice(r, r + STATS_CHUNK_ROWS)
+        part = replace(q, codes=q.codes[rows], scales=q.scales[rows], zeros=q.zeros[rows], outliers=None,
+                       offsets=None if q.offsets is None else q.offsets[rows], second_level=None)
+        return part.dense()
+
+    starts = range(0, len(q.codes), STATS_CHUNK_ROWS)
+    exact = all(np.array_equal(weights16(r), own_rows(r)) for r in starts) or (
+        source is not None and all(np.array_equal(weights16(r), source[r:r + STATS_CHUNK_ROWS]) for r in starts))
     return {"scales": s16, "mins": m16} if exact else None
 
 

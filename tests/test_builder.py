@@ -358,3 +358,29 @@ def test_edge_kernels_accuracy_level_reaches_the_graph(tmp_path):
     assert max_rel_error(logits[4], logits[None]) < 5e-2
     if kernel_isa(4, 4) != "portable":  # the integer kernels honour it; the portable one ignores it
         assert max_rel_error(logits[4], logits[None]) > 0
+
+
+def test_float16_statistics_compared_in_chunks_decide_as_the_whole_matrix(monkeypatch):
+    """float16_statistics checks STATS_CHUNK_ROWS rows at a time (its float32 copies stay small): a Q4_1-like weight
+    keeps its float16 (scale, min) pair, and one row that float16 cannot hold, in the last partial chunk, refuses it,
+    as the whole matrix at once does."""
+    import dataclasses
+
+    import edge.export.builder as builder
+    from edge.export.quant.qlinear import QuantizedLinear
+
+    rng = np.random.default_rng(4)
+    scales = rng.uniform(0.01, 0.05, (203, 3)).astype(np.float16).astype(np.float32)
+    mins = rng.uniform(-0.5, 0.0, (203, 3)).astype(np.float16).astype(np.float32)
+    codes = rng.integers(0, 16, (203, 96)).astype(np.uint8)
+    q = QuantizedLinear(codes=codes, scales=scales, zeros=np.zeros((203, 3), np.uint8), bits=4, block_size=32,
+                        offsets=mins)  # W = code * scale + min, as Q4_1 stores it
+    broken_scales = scales.copy()
+    broken_scales[200, 0] += 1e-6  # off the float16 grid, in the last chunk
+    qb = dataclasses.replace(q, scales=broken_scales)
+    whole = [builder.float16_statistics(x) for x in (q, qb)]
+    monkeypatch.setattr(builder, "STATS_CHUNK_ROWS", 16)
+    chunked = [builder.float16_statistics(x) for x in (q, qb)]
+    assert whole[0] is not None and whole[1] is None
+    assert chunked[1] is None and set(chunked[0]) == {"scales", "mins"}
+    assert all(np.array_equal(chunked[0][k], whole[0][k]) for k in whole[0])
