@@ -1,8 +1,9 @@
-// The AVX2/FMA edge.Attention kernel: one task attends up to 3 heads of one kv group for one row (attention.h).
-// Dot products run 4 keys at a time for all the task's heads, the weighted sum of values over blocks of keys that
-// stay in L1 while each head takes its turn, exponentials 8 keys at a time. Sums over keys stay sequential in key
-// order (a vector of partial sums would put a key in another lane once a tree's rejected nodes are compacted out of
-// the cache). Built with -mavx2 -mfma; called only when the CPU has both (select_attend_fn).
+// The AVX2/FMA edge.Attention kernel: one task attends up to 3 heads of one kv group for up to 8 rows
+// (attention_x86.h's attend_rows). Dot products run 4 keys at a time for all the task's heads, the weighted sum of
+// values over blocks of keys that stay in L1 while each head takes its turn, exponentials 8 keys at a time. Sums
+// over keys stay sequential in key order (a vector of partial sums would put a key in another lane once a tree's
+// rejected nodes are compacted out of the cache). Built with -mavx2 -mfma; called only when the CPU has both
+// (select_attend_fn).
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 
@@ -55,13 +56,14 @@ void exponentials(float* scores, int64_t n, float top) {
 // 8 dims at a time past the last whole block). Returns sum + the w[k] in key order, added alongside the first
 // block, where the FMAs hide the adds' latency.
 float weighted_values(const float* w, const float* values, int64_t D, int64_t k0, int64_t k1, float* out,
-                      float sum) {
+                      float sum, Ahead ahead) {
   int64_t d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) {
     __m256 acc[8];
     for (int j = 0; j < 8; ++j) acc[j] = _mm256_loadu_ps(out + d0 + 8 * j);
     for (int64_t k = k0; k < k1; ++k) {
-      if (d0 == 0 && k + kAheadKeys < k1) prefetch_rows(values + (k + kAheadKeys) * D, D, 1);
+      if (d0 == 0 && ahead.distance > 0 && k + ahead.distance < ahead.limit)
+        prefetch_rows(values + (k + ahead.distance) * D, D, 1);
       if (d0 == 0) sum += w[k];
       const __m256 wk = _mm256_set1_ps(w[k]);
       const float* row = values + k * D + d0;
@@ -79,39 +81,30 @@ float weighted_values(const float* w, const float* values, int64_t D, int64_t k0
   return sum;
 }
 
-void attend_row(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
-  const int64_t D = a.D;
-  const TaskHeads t = task_heads(a, s, h0, count, scratch);
-  const RowTask& r = t.row;
-  const float* const* q = t.q;
-  float* const* scores = t.scores;
-  float* const* out = t.out;
-  float top[kMaxTaskHeads] = {-INFINITY, -INFINITY, -INFINITY}, sum[kMaxTaskHeads] = {};
-  switch (count) {
-    case 1: score_keys<1>(q, r, D, a.scale, scores, top, [](auto... x) { dot4<1>(x...); }); break;
-    case 2: score_keys<2>(q, r, D, a.scale, scores, top, [](auto... x) { dot4<2>(x...); }); break;
-    default: score_keys<3>(q, r, D, a.scale, scores, top, [](auto... x) { dot4<3>(x...); }); break;
+// attend_rows' kernel (attention_x86.h) with 8-lane vectors; the heads of a task take turns on a block of values
+// while it is in L1, the first asking for what follows.
+struct Avx2 {
+  template <int Q>
+  static void score(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[],
+                    float top[], Ahead ahead, int64_t k0, int64_t k1) {
+    score_keys<Q>(q, r, D, scale, scores, top, [](auto... x) { dot4<Q>(x...); }, ahead, k0, k1);
   }
-  for (int64_t i = 0; i < count; ++i) {
-    exponentials(scores[i], r.n, top[i]);
-    std::fill(out[i], out[i] + D, 0.0f);
+  static void exponentials(float* scores, int64_t n, float top) { edge::exponentials(scores, n, top); }
+  template <int Q>
+  static void weigh(const float* const w[], const float* values, int64_t D, int64_t k0, int64_t k1,
+                    float* const out[], float sum[], Ahead ahead) {
+    for (int i = 0; i < Q; ++i) sum[i] = weighted_values(w[i], values, D, k0, k1, out[i], sum[i], i ? Ahead{} : ahead);
   }
-  // Values in blocks of ~16 KB that stay in L1 while every head of the task takes its turn.
-  const int64_t block = std::max<int64_t>(8, 4096 / D);
-  for (int64_t k0 = 0; k0 < r.n; k0 += block)
-    for (int64_t i = 0; i < count; ++i)
-      sum[i] = weighted_values(scores[i], r.values, D, k0, std::min(k0 + block, r.n), out[i], sum[i]);
-  for (int64_t i = 0; i < count; ++i) {
-    const __m256 inv = _mm256_set1_ps(1.0f / sum[i]);
-    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out[i] + d, _mm256_mul_ps(_mm256_loadu_ps(out[i] + d), inv));
-    record_half(a, s, h0 + i, top[i], sum[i]);
+  static void scale(float* out, int64_t D, float inv) {
+    const __m256 v = _mm256_set1_ps(inv);
+    for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), v));
   }
-}
+};
 
 }  // namespace
 
 void attend_avx2(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, int64_t count, float* scratch) {
-  for (int64_t s = s0; s < s1; ++s) attend_row(a, s, h0, count, scratch);
+  attend_heads<Avx2>(a, s0, s1, h0, count, scratch);
 }
 
 }  // namespace edge

@@ -74,20 +74,13 @@ void dot8(const float* const q[], const float* const keys[8], int64_t D, __m256 
   for (int i = 0; i < Q; ++i) out[i] = fold8(acc[i]);
 }
 
-// Which cache rows a pass over keys asks for ahead: key index t + distance while it is under limit (indices from the
-// row's first key); distance 0: none.
-struct Ahead {
-  int64_t distance, limit;
-};
-
-// Scaled scores plus bias of Q queries for the task's keys k0 .. k1-1 (all n when k1 < 0), into scores[i]; top[i]
+// Scaled scores plus bias of Q queries for the task's keys k0 .. k1-1, into scores[i]; top[i]
 // becomes the larger of itself and their maximum. A last group of fewer than 8 keys repeats key k1-1 in its empty
 // slots (the same score, so no other maximum) and stores only its live lanes. A key's score is the same in any
 // slot, so splitting the keys into ranges changes no score.
 template <int Q>
 void score_keys8(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[], float top[],
-                 Ahead ahead, int64_t k0 = 0, int64_t k1 = -1) {
-  if (k1 < 0) k1 = r.n;
+                 Ahead ahead, int64_t k0, int64_t k1) {
   const __m256 vscale = _mm256_set1_ps(scale);
   __m256 vtop[Q];
   for (int i = 0; i < Q; ++i) vtop[i] = _mm256_set1_ps(top[i]);
@@ -176,77 +169,29 @@ void weighted_values(const float* const w[], const float* values, int64_t D, int
   for (; d0 < D; d0 += 16) weighted_block<Q, 1>(w, values, D, d0, k0, k1, out, sum, ahead);
 }
 
-// Rows s0 .. s1-1, Q heads each, over keys in blocks of `block` cache rows: every row takes its turn on a block
-// while the block's keys (then values) are in L1, where one row at a time streamed its kv head's whole cache from
-// L2 or memory again for each row. Per row the arithmetic is the row's alone: scores of the same dot products,
-// exponentials against the same maximum, each weighted sum one FMA chain over the keys in order (a chain split at a
-// block boundary goes on from the stored accumulator), so how rows are grouped into tasks changes no bit.
-template <int Q>
-void attend_rows(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, float* scratch) {
-  const int64_t D = a.D, rows = s1 - s0, width = a.P + a.S;
-  const int64_t block = std::max<int64_t>(8, 4096 / D);  // 16 KB of keys or values
-  thread_local std::vector<float> qbuf;
-  qbuf.resize(static_cast<size_t>(kMaxTaskRows * Q * D));
-  TaskHeads t[kMaxTaskRows];
-  float top[kMaxTaskRows][Q], sum[kMaxTaskRows][Q];
-  int64_t lo = a.L, hi = 0;  // the cache rows some row of the task sees
-  for (int64_t r = 0; r < rows; ++r) {
-    t[r] = task_heads(a, s0 + r, h0, Q, qbuf.data() + r * Q * D, scratch + r * Q * width);
-    for (int i = 0; i < Q; ++i) top[r][i] = -INFINITY, sum[r][i] = 0.0f;
-    lo = std::min(lo, t[r].row.first);
-    hi = std::max(hi, t[r].row.first + t[r].row.n);
+// attend_rows' kernel (attention_x86.h) with 16-lane vectors.
+struct Avx512 {
+  template <int Q>
+  static void score(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[],
+                    float top[], Ahead ahead, int64_t k0, int64_t k1) {
+    score_keys8<Q>(q, r, D, scale, scores, top, ahead, k0, k1);
   }
-  // Row r's keys (indices from its first) within cache rows [b, b + block).
-  const auto range = [&](int64_t r, int64_t b, int64_t& k0, int64_t& k1) {
-    const RowTask& row = t[r].row;
-    k0 = std::max(b, row.first) - row.first;
-    k1 = std::min(b + block, row.first + row.n) - row.first;
-    return k0 < k1;
-  };
-  // Rows after the first in a block find its keys and values in L1; the first brings the next block's into L2 as it
-  // walks this one (session 34: each row asked for what was 32 keys ahead in its own range, so the first 32 keys of
-  // every block came from L3 unasked and the other rows asked again for lines already in L1; prefetches were 9% of
-  // the scores' time in an 8-token step on one thread).
-  const auto next_block = [&](const RowTask& row, int64_t& first) {
-    const Ahead ahead{first ? block : 0, hi - row.first};
-    first = 0;
-    return ahead;
-  };
-  int64_t k0 = 0, k1 = 0;
-  if (rows == 1) {  // nothing to share: one pass over the keys (a call per block cost a 1-token step's attention 5%)
-    score_keys8<Q>(t[0].q, t[0].row, D, a.scale, t[0].scores, top[0], {kAheadKeys, t[0].row.n});
-  } else {
-    for (int64_t b = lo / block * block; b < hi; b += block)
-      for (int64_t r = 0, first = 1; r < rows; ++r)
-        if (range(r, b, k0, k1))
-          score_keys8<Q>(t[r].q, t[r].row, D, a.scale, t[r].scores, top[r], next_block(t[r].row, first), k0, k1);
+  static void exponentials(float* scores, int64_t n, float top) { edge::exponentials(scores, n, top); }
+  template <int Q>
+  static void weigh(const float* const w[], const float* values, int64_t D, int64_t k0, int64_t k1,
+                    float* const out[], float sum[], Ahead ahead) {
+    weighted_values<Q>(w, values, D, k0, k1, out, sum, ahead);
   }
-  for (int64_t r = 0; r < rows; ++r)
-    for (int i = 0; i < Q; ++i) {
-      exponentials(t[r].scores[i], t[r].row.n, top[r][i]);
-      std::fill(t[r].out[i], t[r].out[i] + D, 0.0f);
-    }
-  for (int64_t b = lo / block * block; b < hi; b += block)
-    for (int64_t r = 0, first = 1; r < rows; ++r)
-      if (range(r, b, k0, k1))
-        weighted_values<Q>(t[r].scores, t[r].row.values, D, k0, k1, t[r].out, sum[r], next_block(t[r].row, first));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int i = 0; i < Q; ++i) {
-      const __m512 inv = _mm512_set1_ps(1.0f / sum[r][i]);
-      float* out = t[r].out[i];
-      for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(out + d), inv));
-      record_half(a, s0 + r, h0 + i, top[r][i], sum[r][i]);
-    }
-}
+  static void scale(float* out, int64_t D, float inv) {
+    const __m512 v = _mm512_set1_ps(inv);
+    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(out + d), v));
+  }
+};
 
 }  // namespace
 
 void attend_avx512(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, int64_t count, float* scratch) {
-  switch (count) {
-    case 1: attend_rows<1>(a, s0, s1, h0, scratch); break;
-    case 2: attend_rows<2>(a, s0, s1, h0, scratch); break;
-    default: attend_rows<3>(a, s0, s1, h0, scratch); break;
-  }
+  attend_heads<Avx512>(a, s0, s1, h0, count, scratch);
 }
 
 }  // namespace edge

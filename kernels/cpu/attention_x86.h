@@ -1,6 +1,7 @@
-// What the x86 edge.Attention kernels (attention_avx2.cc, attention_avx512.cc) share: a task's heads and the score
-// pass over each one's dot product of Q queries and 4 keys. Include only from those translation units: each compiles
-// its own copy with its own ISA flags, so everything here has internal linkage.
+// What the x86 edge.Attention kernels (attention_avx2.cc, attention_avx512.cc) share: a task's heads, the score pass
+// over dot products of Q queries and 4 keys (AVX2's), and the order in which a task's rows and blocks of keys are
+// attended (attend_rows). Include only from those translation units: each compiles its own copy with its own ISA
+// flags, so everything here has internal linkage.
 #pragma once
 
 #include <immintrin.h>
@@ -23,7 +24,7 @@ struct TaskHeads {
   RowTask row{};
 };
 
-// Row s's task heads with its rotated queries in `qbuf` (count * D floats) and its scores in `scores` (count * (P + S)).
+// Row s's task heads with its rotated queries in `qbuf` (count * D floats), its scores in `scores` (count * (P + S)).
 TaskHeads task_heads(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* qbuf, float* scores) {
   TaskHeads t;
   for (int64_t i = 0; i < count; ++i) {
@@ -33,12 +34,6 @@ TaskHeads task_heads(const AttentionArgs& a, int64_t s, int64_t h0, int64_t coun
     t.out[i] = t.row.out;
   }
   return t;
-}
-
-TaskHeads task_heads(const AttentionArgs& a, int64_t s, int64_t h0, int64_t count, float* scratch) {
-  thread_local std::vector<float> qbuf;
-  qbuf.resize(static_cast<size_t>(kMaxTaskHeads * a.D));
-  return task_heads(a, s, h0, count, qbuf.data(), scratch);
 }
 
 // A layer's keys and values outgrow the caches at long pasts (SmolLM2: 46 MB a step at 1,000 tokens), so the kernels
@@ -53,19 +48,25 @@ inline void prefetch_rows(const float* first, int64_t D, int64_t rows) {
   for (int64_t b = 0; b < size; b += 64) _mm_prefetch(bytes + b, _MM_HINT_T1);
 }
 
-// Scaled scores plus bias of Q queries for the task's keys k0 .. k1-1 (all n when k1 < 0), into scores[i]; top[i]
+// Which cache rows a pass over keys asks for ahead: key index t + distance while it is under limit (indices from the
+// row's first key); distance 0: none.
+struct Ahead {
+  int64_t distance, limit;
+};
+
+// Scaled scores plus bias of Q queries for the task's keys k0 .. k1-1, into scores[i]; top[i]
 // becomes the larger of itself and their maximum. A last group of fewer than 4 keys repeats key k1-1 in its empty
 // slots and drops their results. Dot4(q, keys, D, out) puts the 4 keys' dot products with query i in out[i]; a
 // key's score is the same in any slot, so splitting the keys into ranges changes no score.
 template <int Q, class Dot4>
 void score_keys(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[], float top[],
-                Dot4 dot4, int64_t k0 = 0, int64_t k1 = -1) {
-  if (k1 < 0) k1 = r.n;
+                Dot4 dot4, Ahead ahead, int64_t k0, int64_t k1) {
   const __m128 vscale = _mm_set1_ps(scale);
   __m128 vtop[Q];
   for (int i = 0; i < Q; ++i) vtop[i] = _mm_set1_ps(top[i]);
   for (int64_t t = k0; t < k1; t += 4) {
-    if (t + kAheadKeys + 4 <= k1) prefetch_rows(r.keys + (t + kAheadKeys) * D, D, 4);
+    if (ahead.distance > 0 && t + ahead.distance + 4 <= ahead.limit)
+      prefetch_rows(r.keys + (t + ahead.distance) * D, D, 4);
     const float* keys[4];
     alignas(16) float bias[4] = {0, 0, 0, 0};
     for (int j = 0; j < 4; ++j) {
@@ -93,6 +94,81 @@ void score_keys(const float* const q[], const RowTask& r, int64_t D, float scale
     alignas(16) float lanes[4];
     _mm_store_ps(lanes, vtop[i]);
     top[i] = *std::max_element(lanes, lanes + 4);
+  }
+}
+
+// Rows s0 .. s1-1, Q heads each, over keys in blocks of `block` cache rows: every row takes its turn on a block
+// while the block's keys (then values) are in L1, where one row at a time streamed its kv head's whole cache from
+// L2 or memory again for each row. Per row the arithmetic is the row's alone: scores of the same dot products,
+// exponentials against the same maximum, each weighted sum one FMA chain over the keys in order (a chain split at a
+// block boundary goes on from the stored accumulator), so how rows are grouped into tasks changes no bit.
+// K is the instruction set's kernel: K::score<Q> (scores of a key range), K::exponentials, K::weigh<Q> (weighted
+// sums of a key range) and K::scale (out *= inv), in attention_avx2.cc and attention_avx512.cc.
+template <int Q, class K>
+void attend_rows(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, float* scratch) {
+  const int64_t D = a.D, rows = s1 - s0, width = a.P + a.S;
+  const int64_t block = std::max<int64_t>(8, 4096 / D);  // 16 KB of keys or values
+  thread_local std::vector<float> qbuf;
+  qbuf.resize(static_cast<size_t>(kMaxTaskRows * Q * D));
+  TaskHeads t[kMaxTaskRows];
+  float top[kMaxTaskRows][Q], sum[kMaxTaskRows][Q];
+  int64_t lo = a.L, hi = 0;  // the cache rows some row of the task sees
+  for (int64_t r = 0; r < rows; ++r) {
+    t[r] = task_heads(a, s0 + r, h0, Q, qbuf.data() + r * Q * D, scratch + r * Q * width);
+    for (int i = 0; i < Q; ++i) top[r][i] = -INFINITY, sum[r][i] = 0.0f;
+    lo = std::min(lo, t[r].row.first);
+    hi = std::max(hi, t[r].row.first + t[r].row.n);
+  }
+  // Row r's keys (indices from its first) within cache rows [b, b + block).
+  const auto range = [&](int64_t r, int64_t b, int64_t& k0, int64_t& k1) {
+    const RowTask& row = t[r].row;
+    k0 = std::max(b, row.first) - row.first;
+    k1 = std::min(b + block, row.first + row.n) - row.first;
+    return k0 < k1;
+  };
+  // Rows after the first in a block find its keys and values in L1; the first brings the next block's into L2 as it
+  // walks this one (session 34: each row asked for what was 32 keys ahead in its own range, so the first 32 keys of
+  // every block came from L3 unasked and the other rows asked again for lines already in L1; prefetches were 9% of
+  // the scores' time in an 8-token step on one thread).
+  const auto next_block = [&](const RowTask& row, int64_t& first) {
+    const Ahead ahead{first ? block : 0, hi - row.first};
+    first = 0;
+    return ahead;
+  };
+  int64_t k0 = 0, k1 = 0;
+  if (rows == 1) {  // nothing to share: one pass over the keys (a call per block cost a 1-token step's attention 5%)
+    K::template score<Q>(t[0].q, t[0].row, D, a.scale, t[0].scores, top[0], Ahead{kAheadKeys, t[0].row.n}, 0,
+                         t[0].row.n);
+  } else {
+    for (int64_t b = lo / block * block; b < hi; b += block)
+      for (int64_t r = 0, first = 1; r < rows; ++r)
+        if (range(r, b, k0, k1))
+          K::template score<Q>(t[r].q, t[r].row, D, a.scale, t[r].scores, top[r], next_block(t[r].row, first), k0,
+                               k1);
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int i = 0; i < Q; ++i) {
+      K::exponentials(t[r].scores[i], t[r].row.n, top[r][i]);
+      std::fill(t[r].out[i], t[r].out[i] + D, 0.0f);
+    }
+  for (int64_t b = lo / block * block; b < hi; b += block)
+    for (int64_t r = 0, first = 1; r < rows; ++r)
+      if (range(r, b, k0, k1))
+        K::template weigh<Q>(t[r].scores, t[r].row.values, D, k0, k1, t[r].out, sum[r], next_block(t[r].row, first));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int i = 0; i < Q; ++i) {
+      K::scale(t[r].out[i], D, 1.0f / sum[r][i]);
+      record_half(a, s0 + r, h0 + i, top[r][i], sum[r][i]);
+    }
+}
+
+// attend_rows for a task of `count` heads.
+template <class K>
+void attend_heads(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, int64_t count, float* scratch) {
+  switch (count) {
+    case 1: attend_rows<1, K>(a, s0, s1, h0, scratch); break;
+    case 2: attend_rows<2, K>(a, s0, s1, h0, scratch); break;
+    default: attend_rows<3, K>(a, s0, s1, h0, scratch); break;
   }
 }
 
