@@ -13,43 +13,59 @@
 namespace edge {
 namespace {
 
-// One group of one row: scale, round, split into digits, and store them in the kernel's order (see prepare_digits),
-// unit u at out + u * unit_stride.
-void group_digits(const float* x, int64_t group, int digits, int32_t* out, int64_t unit_stride, float* pow_out,
-                  float* sum_out) {
+// Bytes 0..15 of a 16-k block = digits of k0..k15; gather even then odd k of each 8-k unit.
+inline __m128i unit_order() { return _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15); }
+
+// The largest |x| of a group into *amax; whether some x is inf or nan.
+bool group_max(const float* x, int64_t group, float* amax) {
   const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   __m512 vmax = _mm512_setzero_ps();
   __mmask16 bad = 0;
   for (int64_t i = 0; i < group; i += 16) {
     const __m512 v = _mm512_abs_ps(_mm512_loadu_ps(x + i));
-    bad |= _mm512_cmp_ps_mask(v, inf, _CMP_NLT_UQ);  // inf or nan
+    bad |= _mm512_cmp_ps_mask(v, inf, _CMP_NLT_UQ);
     vmax = _mm512_max_ps(vmax, v);
   }
-  const float amax = _mm512_reduce_max_ps(vmax);
-  if (bad != 0) {  // inf/nan in x: the row's outputs become NaN, as in fp32
+  *amax = _mm512_reduce_max_ps(vmax);
+  return bad != 0;
+}
+
+// int8 x: x * mul rounded (to nearest even) and clamped to +-127, one byte per k, 16 k = two units stored straight
+// from the shuffled bytes; returns the sum of the rounded x.
+int32_t int8_group(const float* x, int64_t group, __m512 mul, int32_t* out, int64_t unit_stride) {
+  const __m128i order = unit_order();
+  __m512i vsum = _mm512_setzero_si512();
+  for (int64_t i = 0; i < group; i += 16) {
+    __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), mul));
+    v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+    vsum = _mm512_add_epi32(vsum, v);
+    const __m128i bytes = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(v), order);
+    int32_t* unit = out + i / 8 * unit_stride;
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(unit), bytes);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(unit + unit_stride), _mm_unpackhi_epi64(bytes, bytes));
+  }
+  return _mm512_reduce_add_epi32(vsum);
+}
+
+// One group of one row: scale, round, split into digits, and store them in the kernel's order (see prepare_digits),
+// unit u at out + u * unit_stride.
+void group_digits(const float* x, int64_t group, int digits, int32_t* out, int64_t unit_stride, float* pow_out,
+                  float* sum_out) {
+  float amax = 0.0f;
+  if (group_max(x, group, &amax)) {  // inf/nan in x: the row's outputs become NaN, as in fp32
     for (int64_t u = 0; u < group / 8; ++u) std::fill(out + u * unit_stride, out + u * unit_stride + 2 * digits, 0);
     *pow_out = *sum_out = std::numeric_limits<float>::quiet_NaN();
     return;
   }
   const DigitScale scale = digit_scale(amax, digits);
   const __m512 mul = _mm512_set1_ps(scale.mul);
-  // Bytes 0..15 of a 16-k block = digits of k0..k15; gather even then odd k of each 8-k unit.
-  const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-  __m512i vsum = _mm512_setzero_si512();
-  if (digits == 1) {  // int8 x: one byte per k, 16 k = two units stored straight from the shuffled bytes
-    for (int64_t i = 0; i < group; i += 16) {
-      __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), mul));  // round to nearest even
-      v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
-      vsum = _mm512_add_epi32(vsum, v);
-      const __m128i bytes = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(v), order);
-      int32_t* unit = out + i / 8 * unit_stride;
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(unit), bytes);
-      _mm_storel_epi64(reinterpret_cast<__m128i*>(unit + unit_stride), _mm_unpackhi_epi64(bytes, bytes));
-    }
+  if (digits == 1) {
     *pow_out = scale.step;
-    *sum_out = static_cast<float>(_mm512_reduce_add_epi32(vsum)) * scale.step;
+    *sum_out = static_cast<float>(int8_group(x, group, mul, out, unit_stride)) * scale.step;
     return;
   }
+  const __m128i order = unit_order();
+  __m512i vsum = _mm512_setzero_si512();
   for (int64_t i = 0; i < group; i += 16) {
     const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), mul));  // exact: |x_int| <= 2^22
     vsum = _mm512_add_epi32(vsum, v);
@@ -71,13 +87,11 @@ void group_digits(const float* x, int64_t group, int digits, int32_t* out, int64
 }
 
 // One row's int8 x in groups of 32 (accuracy_level 4, the default models'), 16 groups at a time, each step for all
-// of them before the next: group_digits' arithmetic (the same bits), but a group's maximum, its two divisions (one
+// of them before the next: group_digits' steps (the same bits), but a group's maximum, its two divisions (one
 // vector division for 16 groups here), rounding and sum no longer wait on each other in one chain; group_digits took
 // ~42 cycles a group, most of them latency, on the main thread while the other waited for the tiles.
 void row_int8_digits32(const float* x, int64_t groups, int32_t* out, int64_t unit_stride, float* pow_out,
                        float* sum_out, int64_t stat_stride) {
-  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-  const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
   for (int64_t g0 = 0; g0 < groups; g0 += 16) {
     const int n = static_cast<int>(std::min<int64_t>(16, groups - g0));
     const float* xg = x + g0 * 32;
@@ -85,12 +99,8 @@ void row_int8_digits32(const float* x, int64_t groups, int32_t* out, int64_t uni
     alignas(64) int32_t isum[16];
     uint32_t bad = 0;
     for (int j = 0; j < 16; ++j) amax[j] = 1.0f;  // lanes past n: any finite positive value
-    for (int j = 0; j < n; ++j) {
-      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xg + 32 * j));
-      const __m512 b = _mm512_abs_ps(_mm512_loadu_ps(xg + 32 * j + 16));
-      if ((_mm512_cmp_ps_mask(a, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(b, inf, _CMP_NLT_UQ)) != 0) bad |= 1u << j;
-      amax[j] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(_mm512_setzero_ps(), a), b));
-    }
+    for (int j = 0; j < n; ++j)
+      if (group_max(xg + 32 * j, 32, amax + j)) bad |= 1u << j;
     const __m512 top = _mm512_load_ps(amax);  // digit_scale for 16 groups: 127 / amax and amax / 127, or 1 and 0
     const __mmask16 zero = _mm512_cmp_ps_mask(top, _mm512_setzero_ps(), _CMP_EQ_OQ);
     alignas(64) float mul[16], step[16];
@@ -105,17 +115,7 @@ void row_int8_digits32(const float* x, int64_t groups, int32_t* out, int64_t uni
         isum[j] = 0;
         continue;
       }
-      const __m512 m = _mm512_set1_ps(mul[j]);
-      __m512i vsum = _mm512_setzero_si512();
-      for (int i = 0; i < 32; i += 16, unit += 2 * unit_stride) {
-        __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xg + 32 * j + i), m));
-        v = _mm512_max_epi32(_mm512_min_epi32(v, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
-        vsum = _mm512_add_epi32(vsum, v);
-        const __m128i bytes = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(v), order);
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(unit), bytes);
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(unit + unit_stride), _mm_unpackhi_epi64(bytes, bytes));
-      }
-      isum[j] = _mm512_reduce_add_epi32(vsum);
+      isum[j] = int8_group(xg + 32 * j, 32, _mm512_set1_ps(mul[j]), unit, unit_stride);
     }
     alignas(64) float sums[16];
     _mm512_store_ps(sums, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(isum)), steps));
