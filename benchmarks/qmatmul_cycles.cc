@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   a.digits = 1;  // accuracy_level 4: int8 x
   std::vector<int32_t> xd(static_cast<size_t>(a.M * a.Kp / 4));
   std::vector<float> xpow(static_cast<size_t>(a.M * a.G)), xsum(xpow.size());
-  edge::prepare_digits_avx512(a, xd.data(), xpow.data(), xsum.data());
+  edge::prepare_digits_avx512(a, 0, a.M, xd.data(), xpow.data(), xsum.data());
   a.xd = xd.data();
   a.xpow = xpow.data();
   a.xsum = xsum.data();

@@ -21,6 +21,8 @@ which drifts over seconds (1-token steps of 3.8 to 8.2 ms within an hour on the 
 cancels out. Naming one library twice shows the method's resolution: medians of B/A 0.997-1.008 at every size on
 that Xeon at 150 pairs (under a minute), against run-to-run swings of 5-10% in the fresh-process mode. A folder
 (a package: manifest.json inside) in place of a library compares two graphs of the model on the installed library.
+
+    python benchmarks/step_ab.py LIB LIB --paired --a-env EDGE_TEAM=0   # onnxruntime's threads (A) vs the team (B)
 """
 
 from __future__ import annotations
@@ -70,18 +72,22 @@ print(json.dumps({"runs": runs, "turns": dict(zip(curve.sizes, curve.seconds))})
 """
 PAIRED_WORKER = COMMON + """
 libraries, sizes, past, pairs = json.loads(sys.argv[1]), tuple(json.loads(sys.argv[2])), int(sys.argv[3]), int(sys.argv[4])
-package = sys.argv[5] or None
+package, a_env = sys.argv[5] or None, json.loads(sys.argv[6])
 os.environ["EDGE_SPIN"] = "run"
 folder = tempfile.mkdtemp()
 decoders = []
 for i, library in enumerate(libraries):
+    env = dict(os.environ)
+    os.environ.update(a_env if i == 0 else {})  # while engine A's sessions are created
     if os.path.isdir(library):  # a package on the installed library
         decoders.append(ready_decoder(past, library))
-        continue
-    copy = os.path.join(folder, f"lib{i}.so")  # a path of its own: the same file twice would be loaded once
-    shutil.copy(library, copy)
-    os.environ["EDGE_KERNELS_LIBRARY"] = copy
-    decoders.append(ready_decoder(past, package))
+    else:
+        copy = os.path.join(folder, f"lib{i}.so")  # a path of its own: the same file twice would be loaded once
+        shutil.copy(library, copy)
+        os.environ["EDGE_KERNELS_LIBRARY"] = copy
+        decoders.append(ready_decoder(past, package))
+    os.environ.clear()
+    os.environ.update(env)
 shutil.rmtree(folder)
 times = {f"{w}/{s}": [] for w in (0, 1) for s in sizes}
 for n in range(pairs):
@@ -93,9 +99,10 @@ print(json.dumps(times))
 """
 
 
-def paired(libraries: list[str], past: int, pairs: int, package: str = "") -> None:
+def paired(libraries: list[str], past: int, pairs: int, package: str = "",
+           a_env: dict[str, str] | None = None) -> None:
     run = subprocess.run([sys.executable, "-c", PAIRED_WORKER, json.dumps(libraries), json.dumps(SIZES), str(past),
-                          str(pairs), package], capture_output=True, text=True, check=True)
+                          str(pairs), package, json.dumps(a_env or {})], capture_output=True, text=True, check=True)
     times = json.loads(run.stdout.strip().splitlines()[-1])
     a, b = libraries
     for size in SIZES:
@@ -124,11 +131,14 @@ def main() -> None:
     parser.add_argument("--paired", action="store_true", help="two libraries in one process, steps alternating")
     parser.add_argument("--pairs", type=int, default=150)
     parser.add_argument("--package", default="", help="the package the libraries run (default: the default model's)")
+    parser.add_argument("--a-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="--paired: set while engine A is created (EDGE_TEAM=0: A on onnxruntime's threads)")
     args = parser.parse_args()
     if args.paired:
         if len(args.libraries) != 2:
             parser.error("--paired compares exactly two libraries (the same one twice: the method's resolution)")
-        return paired(args.libraries, args.past, args.pairs, args.package)
+        return paired(args.libraries, args.past, args.pairs, args.package,
+                      dict(item.split("=", 1) for item in args.a_env))
     if len(set(args.libraries)) != len(args.libraries):
         parser.error("name each library once")
     results: dict[str, list[dict]] = {lib: [] for lib in args.libraries}

@@ -65,6 +65,34 @@ def register(session_options: Any, cuda: bool = False) -> Path:
     return path
 
 
+def start_team(path: Path, threads: int, spin_us: int) -> int | None:
+    """Start the library's own threads (kernels/cpu/team.h) for `threads` in all, the caller included: its ops then
+    split their work over them instead of onnxruntime's. Returns the threads in use, or None for a library built
+    before the team (its ops use onnxruntime's threads)."""
+    try:
+        fn = ctypes.CDLL(str(path)).EdgeTeamStart
+    except AttributeError:
+        return None
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_int]
+    return fn(threads, spin_us)
+
+
+def team_stats(path: Path | None = None) -> dict[str, int] | None:
+    """This process's team (kernels/cpu/team.h) in the library at `path` (default: library_path()): threads in use
+    (1: off) and jobs it has run; None without a library, or with one built before the team."""
+    path = path or library_path()
+    if path is None:
+        return None
+    try:
+        fn = ctypes.CDLL(str(path)).EdgeTeamStats
+    except AttributeError:
+        return None
+    out = (ctypes.c_int64 * 2)()
+    fn.restype, fn.argtypes = None, [ctypes.POINTER(ctypes.c_int64)]
+    fn(out)
+    return {"threads": out[0], "jobs": out[1]}
+
+
 def kernel_isa(bits: int = 4, accuracy_level: int = 0) -> str | None:
     """The CPU kernel edge.QMatMul uses in this process for `bits` and accuracy_level ("avx512vnni", "avx512",
     "avxvnni", "avx2-int8", "avx2", "portable"), or None without a library. Honours EDGE_KERNELS_ISA like the op."""

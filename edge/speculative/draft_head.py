@@ -25,11 +25,12 @@ class DraftHead(Drafter):
     follows_hidden = True
 
     def __init__(self, package: Package, floor: float = 0.5, device: str = "cpu"):
-        """device: the target's. On the CPU the head runs on the calling thread alone: a worker thread of its own
-        waits for a core that the target session's spinning worker holds (session 10 measured 4.4 ms per draft call
-        with 2 threads; session 11, with the target's spinning stopped after each run, found no gain beyond the
-        noise). On a GPU it runs there too: a GPU step is ~3 ms of dispatch, and the head's steps on the host's CPU
-        took so much of it that it lost to plain decoding (benchmarks/RESULTS.md, session 12)."""
+        """device: the target's. On the CPU the head's session has no worker thread of its own: one would wait for a
+        core that the target session's spinning worker holds (session 10 measured 4.4 ms per draft call with 2
+        threads; session 11, with the target's spinning stopped after each run, found no gain beyond the noise).
+        On edge's kernels its ops run on the team the target's session started (kernels/README.md, Threads). On a
+        GPU it runs there too: a GPU step is ~3 ms of dispatch, and the head's steps on the host's CPU took so much
+        of it that it lost to plain decoding (benchmarks/RESULTS.md, session 12)."""
         record = package.draft_head
         if record is None:
             raise EdgeError(f"{package.root} has no draft head; export it with `edge-export SOURCE -o DIR "

@@ -52,7 +52,8 @@ class DraftModel(Drafter):
         """The draft session never spins: after each draft its idle workers would spin on the cores the target's
         verify call needs. Measured (fp32 target, int4 draft, 2 threads, 2 cores): a 1-token target step right
         after 3 draft steps took 48 ms with a spinning draft session, 23 ms without (23 ms with no draft at all),
-        and the draft steps themselves were no slower."""
+        and the draft steps themselves were no slower. A draft on edge's kernels shares the target's team of
+        threads instead (kernels/README.md, Threads)."""
         self.decoder = Decoder(package, context_length=context_length, threads=threads, spin=False)
         self.package = package
         self.params = params or SamplingParams()

@@ -318,8 +318,7 @@ OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   if (work >= (int64_t{1} << 15)) job.chunks = std::min<int64_t>(job.tasks, 64);
   if (job.chunks == 1) {
     run_chunk(&job, 0);
-  } else if (OrtStatus* st = g_ort.KernelContext_ParallelFor(ctx, run_chunk, static_cast<size_t>(job.chunks), 0,
-                                                              &job)) {
+  } else if (OrtStatus* st = parallel_for(ctx, run_chunk, static_cast<size_t>(job.chunks), &job)) {
     return st;
   }
   if (half_tasks) merge_halves(a, second.data(), stats.data(), 0, a.S, 0, a.H);

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "team.h"
+
 namespace edge {
 
 OrtApiFns g_ort{};
@@ -221,6 +223,11 @@ OrtCustomOp make_custom_op(const CustomOpSpec& spec) {
   op.CreateKernelV2 = spec.create;
   op.KernelComputeV2 = spec.compute;
   return op;
+}
+
+OrtStatus* parallel_for(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t n, void* user) {
+  if (team_parallel_for(fn, n, user)) return nullptr;
+  return g_ort.KernelContext_ParallelFor(ctx, fn, n, 0, user);
 }
 
 }  // namespace edge

@@ -128,6 +128,10 @@ constexpr int kOrtMemTypeCPUInput = -2;
 
 OrtCustomOp make_custom_op(const CustomOpSpec& spec);
 
+// fn(user, i) for i in [0, n): on the library's team when the runtime started one (team.h), otherwise split over
+// onnxruntime's threads.
+OrtStatus* parallel_for(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t n, void* user);
+
 // The version-1 KernelCompute of a V2 compute function: the same work with its status released.
 template <OrtStatus* (*Compute)(void*, OrtKernelContext*)>
 void compute_v1(void* kernel, OrtKernelContext* ctx) {

@@ -129,10 +129,11 @@ inline DigitRow digit_row(const QMatMulArgs& a, int64_t m) {
   const int64_t words = 2 * a.digits;
   return {(first * (a.Kp / 8) + m - first) * words, rows * words, first * a.G + m - first, rows};
 }
-// The loops every digit preparation shares: group(x, out, unit_stride, pow_out, sum_out) for each row and group.
+// The loops every digit preparation shares: group(x, out, unit_stride, pow_out, sum_out) for each group of rows
+// [m0, m1) (a call's rows may be prepared in parts, on several threads).
 template <class Group>
-void prepare_rows(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum, Group group) {
-  for (int64_t m = 0; m < a.M; ++m) {
+void prepare_rows(const QMatMulArgs& a, int64_t m0, int64_t m1, int32_t* xd, float* xpow, float* xsum, Group group) {
+  for (int64_t m = m0; m < m1; ++m) {
     const DigitRow row = digit_row(a, m);
     for (int64_t g = 0; g < a.G; ++g) {
       const int64_t stat = row.stat + g * row.group_stride;
@@ -144,9 +145,9 @@ void prepare_rows(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum, G
 
 // For the VNNI kernel: x in block floating point per row and group (|x_int| <= 2^22 times a power of two, xpow),
 // written as three signed 8-bit digits in the order the kernel reads them; xsum receives the sums of the rounded x.
-// xd holds M * Kp/8 * 2 * a.digits int32, xpow and xsum M * G floats, laid out as digit_row says. With a.digits == 1,
-// |x_int| <= 127 in one byte.
-void prepare_digits(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum);
+// Rows [m0, m1) of them. xd holds M * Kp/8 * 2 * a.digits int32, xpow and xsum M * G floats, laid out as digit_row
+// says. With a.digits == 1, |x_int| <= 127 in one byte.
+void prepare_digits(const QMatMulArgs& a, int64_t m0, int64_t m1, int32_t* xd, float* xpow, float* xsum);
 
 // How one row's group of x becomes integers: x_int = round(x * mul), x ~ x_int * step. Three digits: a power of two
 // with |x_int| <= 2^22 (exact scaling, 23 bits). One digit: step = amax / 127 as MatMulNBits does, because a power
@@ -161,8 +162,9 @@ inline DigitScale digit_scale(float amax, int digits) {
   const int shift = 22 - e < 126 ? 22 - e : 126;         // tiny groups keep fewer bits
   return {std::ldexp(1.0f, shift), std::ldexp(1.0f, -shift)};
 }
-void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum);  // same output, faster
-void prepare_int8_avx2(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum);  // digits == 1 only, same output
+// The same output, faster; prepare_int8_avx2 for digits == 1 only.
+void prepare_digits_avx512(const QMatMulArgs& a, int64_t m0, int64_t m1, int32_t* xd, float* xpow, float* xsum);
+void prepare_int8_avx2(const QMatMulArgs& a, int64_t m0, int64_t m1, int32_t* xd, float* xpow, float* xsum);
 
 // The activations the vector kernels read: code i of a packed word is decoded in place as q * 2^(bits*i), so x[k] is
 // scaled by 2^-(bits*i) (exact), except for the last code of a word, which is shifted down. out is (M, ldx).

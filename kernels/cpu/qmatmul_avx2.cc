@@ -221,8 +221,9 @@ void widen_halves_avx2(const uint16_t* in, int64_t n, float* out) {
   for (; i < n; ++i) out[i] = half_to_float(in[i]);
 }
 
-void prepare_int8_avx2(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
-  prepare_rows(a, xd, xpow, xsum, [&](const float* x, int32_t* out, int64_t stride, float* pow_out, float* sum_out) {
+void prepare_int8_avx2(const QMatMulArgs& a, int64_t m0, int64_t m1, int32_t* xd, float* xpow, float* xsum) {
+  prepare_rows(a, m0, m1, xd, xpow, xsum,
+               [&](const float* x, int32_t* out, int64_t stride, float* pow_out, float* sum_out) {
     group_int8_avx2(x, a.group, out, stride, pow_out, sum_out);
   });
 }

@@ -129,16 +129,17 @@ void row_int8_digits32(const float* x, int64_t groups, int32_t* out, int64_t uni
 
 }  // namespace
 
-void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
+void prepare_digits_avx512(const QMatMulArgs& a, int64_t m0, int64_t m1, int32_t* xd, float* xpow, float* xsum) {
   if (a.digits == 1 && a.group == 32) {
-    for (int64_t m = 0; m < a.M; ++m) {
+    for (int64_t m = m0; m < m1; ++m) {
       const DigitRow row = digit_row(a, m);
       row_int8_digits32(a.x + m * a.ldx, a.G, xd + row.words, row.unit_stride, xpow + row.stat, xsum + row.stat,
                         row.group_stride);
     }
     return;
   }
-  prepare_rows(a, xd, xpow, xsum, [&](const float* x, int32_t* out, int64_t stride, float* pow_out, float* sum_out) {
+  prepare_rows(a, m0, m1, xd, xpow, xsum,
+               [&](const float* x, int32_t* out, int64_t stride, float* pow_out, float* sum_out) {
     group_digits(x, a.group, a.digits, out, stride, pow_out, sum_out);
   });
 }

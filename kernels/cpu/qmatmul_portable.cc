@@ -185,14 +185,14 @@ void qmatmul_tiles_avx2_int8(const QMatMulArgs& a, int64_t t0, int64_t t1) { qma
 void qmatmul_tiles_avx512(const QMatMulArgs& a, int64_t t0, int64_t t1) { qmatmul_tiles_portable(a, t0, t1); }
 void qmatmul_tiles_avx512vnni(const QMatMulArgs& a, int64_t t0, int64_t t1) { qmatmul_tiles_portable(a, t0, t1); }
 void qmatmul_tiles_avxvnni(const QMatMulArgs& a, int64_t t0, int64_t t1) { qmatmul_tiles_portable(a, t0, t1); }
-void prepare_digits_avx512(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
-  prepare_digits(a, xd, xpow, xsum);
+void prepare_digits_avx512(const QMatMulArgs& a, int64_t m0, int64_t m1, int32_t* xd, float* xpow, float* xsum) {
+  prepare_digits(a, m0, m1, xd, xpow, xsum);
 }
 void finish_tile_row_avx2(const QMatMulArgs& a, int64_t m, int64_t tile, const float* dense8) {
   finish_tile_row(a, m, tile, dense8);
 }
-void prepare_int8_avx2(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
-  prepare_digits(a, xd, xpow, xsum);
+void prepare_int8_avx2(const QMatMulArgs& a, int64_t m0, int64_t m1, int32_t* xd, float* xpow, float* xsum) {
+  prepare_digits(a, m0, m1, xd, xpow, xsum);
 }
 #endif
 
@@ -247,8 +247,9 @@ void group_digits(const float* x, int64_t group, int digits, int32_t* out, int64
 
 }  // namespace
 
-void prepare_digits(const QMatMulArgs& a, int32_t* xd, float* xpow, float* xsum) {
-  prepare_rows(a, xd, xpow, xsum, [&](const float* x, int32_t* out, int64_t stride, float* pow_out, float* sum_out) {
+void prepare_digits(const QMatMulArgs& a, int64_t m0, int64_t m1, int32_t* xd, float* xpow, float* xsum) {
+  prepare_rows(a, m0, m1, xd, xpow, xsum,
+               [&](const float* x, int32_t* out, int64_t stride, float* pow_out, float* sum_out) {
     group_digits(x, a.group, a.digits, out, stride, pow_out, sum_out);
   });
 }
