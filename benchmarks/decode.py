@@ -1,6 +1,6 @@
 """Prompt and decode speed and peak memory of edge against onnxruntime-genai, on the default model, in one run.
 
-    python benchmarks/decode.py [--runs 3] [--threads 2]
+    python benchmarks/decode.py [--runs 3] [--threads 2] [--spin-both] [--team-both]
     python benchmarks/decode.py --pair PACKAGE_A PACKAGE_B     # A/B of two packages in one process
 
 Each measurement runs in a fresh subprocess (so peak RSS is that system's own), systems are interleaved run by run
@@ -179,6 +179,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--worker", nargs=2, metavar=("SYSTEM", "PATH"))
     p.add_argument("--spin-both", action="store_true", help="measure edge with and without thread spinning")
+    p.add_argument("--team-both", action="store_true",
+                   help="measure edge-kernel packages on the kernel library's threads and on onnxruntime's (EDGE_TEAM=0)")
     p.add_argument("--pair", nargs=2, metavar=("PACKAGE_A", "PACKAGE_B"),
                    help="decode speed of two edge packages taking turns in one process (A/B of a change)")
     args = p.parse_args()
@@ -191,10 +193,14 @@ def main() -> None:
         for name in [n for n in packages if n.startswith("edge")]:
             path = packages.pop(name)
             packages[f"{name} spin"], packages[f"{name} no-spin"] = path, path
+    if args.team_both:
+        for name in [n for n in packages if n.startswith("edge")]:
+            packages[f"{name} ort-threads"] = packages[name]
     runs: dict[str, list[dict]] = {name: [] for name in packages}
     for _ in range(args.runs):
         for name, path in packages.items():
             os.environ["EDGE_SPIN"] = "0" if name.endswith("no-spin") else "1"
+            os.environ["EDGE_TEAM"] = "0" if name.endswith("ort-threads") else "1"
             runs[name].append(measure(name, path, args.threads))
     print(f"| system | prompt tokens | prefill tok/s | decode tok/s | peak RSS MiB |  (medians of {args.runs}, "
           f"{args.threads} threads, {NEW_TOKENS} new tokens)")

@@ -122,18 +122,18 @@ def messages_for(engine, turns, tokens):
 
 
 def variants(target: str, engine, packages):
-    from edge.speculative import DraftModel, PromptLookup, Speculator, TokenRecycling, make_speculator
+    from edge.speculative import DraftModel, Speculator, make_speculator
+    from edge.speculative.factory import prompt_lookup
 
     out = {"prompt-lookup": lambda: make_speculator("prompt-lookup", engine),
            "recycling": lambda: make_speculator("recycling", engine),
-           "lookup+recycling": lambda: Speculator([PromptLookup(), TokenRecycling(engine.package.config.vocab_size)],
-                                                  threads=engine.threads)}
+           "lookup+recycling": lambda: make_speculator("lookup+recycling", engine)}
     if engine.package.draft_head is not None:
         out["draft head"] = lambda: make_speculator("head", engine)
         out["lookup+head"] = lambda: make_speculator("lookup+head", engine)
     if target == "fp32":
         out["lookup+draft int4"] = lambda: Speculator(
-            [PromptLookup(), DraftModel(packages["int4"], engine.context_length, threads=engine.threads)],
+            [prompt_lookup(engine), DraftModel(packages["int4"], engine.context_length, threads=engine.threads)],
             threads=engine.threads)
     if engine.package.self_draft is not None:
         out["layer-skip"] = lambda: make_speculator("skip", engine)

@@ -30,9 +30,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from speculative import CATEGORIES, MIN_TOKENS, lookup_ceiling, messages_for  # noqa: E402
 
 from edge.speculative import AdaptiveDepth, CostCurve, PromptLookup  # noqa: E402
+from edge.speculative.prompt_lookup import case_classes  # noqa: E402
 from edge.speculative.decode import root_is_sure  # noqa: E402
 
 DRAFT_SECONDS = 20e-6  # a lookup proposal, measured in the loop
+FOLD: list[int] | None = None  # token -> the class prompt lookup matches it as (main sets it)
 
 # Held-out prompts (--prompts held-out): other passages and tasks of the same categories, to check that a rule chosen
 # on the benchmark's 11 prompts is not fitted to them.
@@ -103,7 +105,7 @@ def capture(tokens: int, categories: dict) -> dict:
 def replay(ids: list[int], generated: int, sure: list[bool], curve: CostCurve, policies: dict, cut: bool) -> float:
     """Modelled speed-up of prompt lookup on one output. cut: every draft is cut to what passes (perfect depth).
     sure[i]: whether the target was sure of generated token i (a short match's kind says, as in the runtime)."""
-    lookup, position, seconds = PromptLookup(), len(ids) - generated, 0.0
+    lookup, position, seconds = PromptLookup(fold=FOLD), len(ids) - generated, 0.0
     first = position
     lookup.begin(ids[:position])
     while position < len(ids) - 1:
@@ -151,6 +153,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompts", choices=list(PROMPT_SETS), default="benchmark")
     parser.add_argument("--orders", type=int, default=20, help="prompt orders to average the policy over")
+    parser.add_argument("--no-fold", action="store_true", help="tokens match only themselves, not up to case")
     parser.add_argument("--outputs", type=Path, help="where the plain outputs are kept (default: "
                         "/tmp/edge-speculative-outputs[-held-out].json)")
     args = parser.parse_args()
@@ -161,6 +164,13 @@ def main() -> None:
         data = capture(args.tokens, PROMPT_SETS[args.prompts])
         args.outputs.write_text(json.dumps(data))
     curve = CostCurve(tuple(data["sizes"]), tuple(data["seconds"]))
+    global FOLD
+    if not args.no_fold:  # as the runtime's drafters match (edge.speculative.factory.prompt_lookup)
+        from edge.default_model import default_package
+        from edge.package import load_package
+        from edge.tokenizer import Tokenizer
+
+        FOLD = case_classes(Tokenizer(load_package(default_package("int4-edge")).tokenizer_path).vocab())
     runs = [r for r in data["runs"] if r["n"] >= MIN_TOKENS]
     rows: dict = {}
     for run in runs:

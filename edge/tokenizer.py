@@ -53,6 +53,10 @@ class Tokenizer:
         """Number of ids the tokenizer can produce, added tokens included."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def vocab(self) -> dict[str, int]:
+        """Every token's string (as the model spells it, e.g. "Ġthe") and id, added tokens included."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 

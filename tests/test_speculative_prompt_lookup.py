@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edge.speculative import PromptLookup
-from edge.speculative.prompt_lookup import STALE, kind
+from edge.speculative.prompt_lookup import STALE, case_classes, kind
 
 
 def test_copies_what_followed_the_most_recent_match_of_the_longest_ngram():
@@ -29,6 +29,26 @@ def test_min_ngram_excludes_weak_matches():
     assert PromptLookup(max_ngram=3, min_ngram=2).propose([4, 5, 6, 1, 2, 8, 8, 2], 2).tokens == []
     with pytest.raises(ValueError):
         PromptLookup(max_ngram=1, min_ngram=2)
+
+
+def test_case_classes_join_ascii_case_only():
+    vocab = {"Ġthe": 5, "ĠThe": 9, "ĠTHE": 2, "Ã": 3, "ã": 4, "x": 0, "<|im_end|>": 7}
+    fold = case_classes(vocab)
+    assert fold[9] == fold[5] == fold[2] == 2  # the lowest id of the class
+    assert fold[3] == 3 and fold[4] == 4  # byte-level letters for non-ASCII bytes stay apart
+    assert fold[1] == 1 and fold[6] == 6 and len(fold) == 10  # ids the vocabulary skips map to themselves
+
+
+def test_a_copy_goes_on_across_a_change_of_case():
+    """The answer capitalises a copied word ("the move went" -> "The move"): with the classes the copy goes on at
+    the longer match; the draft is the context's own tokens after it."""
+    the, The, move, went, mostly = 5, 9, 11, 12, 13
+    fold = case_classes({"Ġthe": the, "ĠThe": The, "Ġmove": move, "Ġwent": went, "Ġmostly": mostly})
+    context = [1, the, move, went, mostly, 2, 3, The, move]
+    assert PromptLookup(fold=fold).propose(context, 2).tokens == [went, mostly]
+    assert PromptLookup(fold=fold).propose(context, 2).kind == "2-3-gram"
+    assert PromptLookup().propose(context, 2).kind == "1-gram"
+    assert PromptLookup(fold=fold).propose(context + [20], 2).tokens == []  # an id past the table: itself only
 
 
 def reference_lookup(context, depth, max_ngram):

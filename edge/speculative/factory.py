@@ -10,7 +10,7 @@ from edge.speculative.decode import Speculator
 from edge.speculative.draft_head import DraftHead
 from edge.speculative.draft_model import DraftModel, check_compatible
 from edge.speculative.layer_skip import LayerSkipDraft
-from edge.speculative.prompt_lookup import PromptLookup
+from edge.speculative.prompt_lookup import PromptLookup, case_classes
 from edge.speculative.token_recycling import TokenRecycling
 
 NAMES = ("prompt-lookup", "recycling", "lookup+recycling", "head", "lookup+head", "auto", "skip", "lookup+skip")
@@ -24,6 +24,11 @@ def verify_rows(spec) -> int:
     if spec in ("recycling", "lookup+recycling", "auto"):
         return 1 + TokenRecycling(1).max_nodes
     return 0
+
+
+def prompt_lookup(engine) -> PromptLookup:
+    """Prompt lookup over the engine's vocabulary, matching tokens up to letter case."""
+    return PromptLookup(fold=case_classes(engine.tokenizer.vocab()))
 
 
 def make_speculator(spec: str, engine, draft_length: int | None = None) -> Speculator:
@@ -40,23 +45,23 @@ def make_speculator(spec: str, engine, draft_length: int | None = None) -> Specu
         raise EdgeError(f"{package.root} was exported without tree attention, which token recycling needs; "
                         f"re-export it or use --draft prompt-lookup")
     if spec == "prompt-lookup":
-        drafters = [PromptLookup()]
+        drafters = [prompt_lookup(engine)]
     elif spec == "recycling":
         drafters = [TokenRecycling(vocab)]
     elif spec in ("head", "lookup+head"):
         head = DraftHead(package, device=engine.decoder.device)
-        drafters = [head] if spec == "head" else [PromptLookup(), head]
+        drafters = [head] if spec == "head" else [prompt_lookup(engine), head]
     elif spec == "lookup+recycling":
-        drafters = [PromptLookup(), TokenRecycling(vocab)]
+        drafters = [prompt_lookup(engine), TokenRecycling(vocab)]
     elif spec in ("skip", "lookup+skip"):
         skip = LayerSkipDraft(package, engine.context_length, threads=threads)
-        drafters = [skip] if spec == "skip" else [PromptLookup(), skip]
+        drafters = [skip] if spec == "skip" else [prompt_lookup(engine), skip]
     elif os.path.exists(spec):
         from edge.cached_export import resolve
 
         draft = load_package(resolve(spec, engine.decoder.device))  # a GGUF or HF folder: exported once
         check_compatible(package, draft)
-        drafters = [PromptLookup(), DraftModel(draft, engine.context_length, threads=threads)]
+        drafters = [prompt_lookup(engine), DraftModel(draft, engine.context_length, threads=threads)]
     else:
         raise EdgeError(f"unknown drafter {spec!r}: use one of {', '.join(NAMES)} or a draft package's folder")
     return Speculator(drafters, draft_length=draft_length, threads=threads)
