@@ -34,8 +34,8 @@ def test_min_ngram_excludes_weak_matches():
 def test_case_classes_join_ascii_case_only():
     vocab = {"Ġthe": 5, "ĠThe": 9, "ĠTHE": 2, "Ã": 3, "ã": 4, "x": 0, "<|im_end|>": 7}
     fold = case_classes(vocab)
-    assert fold[9] == fold[5] == fold[2] == 2  # the lowest id of the class
-    assert fold[3] == 3 and fold[4] == 4  # byte-level letters for non-ASCII bytes stay apart
+    assert fold[9] == fold[5] == fold[2]
+    assert len({fold[i] for i in (5, 3, 4, 0, 7)}) == 5  # byte-level letters for non-ASCII bytes stay apart
     assert fold[1] == 1 and fold[6] == 6 and len(fold) == 10  # ids the vocabulary skips map to themselves
 
 
