@@ -98,7 +98,8 @@ def build_cpu(out_dir: Path = HERE, log: Callable[[str], None] = print) -> Path:
         tmp = Path(tmp_name)
         objects = _compile_all(_cpu_jobs(cxx, tmp, []), log)
         lib = tmp / CPU_LIBRARY
-        _run([cxx, "-shared", "-Wl,--no-undefined", "-o", str(lib), *map(str, objects)], log)
+        # -pthread -ldl: the team's threads and dladdr (in libc itself from glibc 2.34; separate libraries before)
+        _run([cxx, "-shared", "-Wl,--no-undefined", "-o", str(lib), *map(str, objects), "-pthread", "-ldl"], log)
         return _install(lib, Path(out_dir) / CPU_LIBRARY)
 
 
@@ -129,7 +130,7 @@ def build_cuda(out_dir: Path = HERE, log: Callable[[str], None] = print, archs: 
         lib = tmp / CUDA_LIBRARY
         # nvcc links with the host compiler and knows where its own libcudart lives.
         _run([nvcc, "-shared", "-cudart", "shared", "-Xlinker", "--no-undefined", "-o", str(lib),
-              *map(str, objects)], log)
+              *map(str, objects), "-lpthread", "-ldl"], log)
         return _install(lib, Path(out_dir) / CUDA_LIBRARY)
 
 

@@ -7,6 +7,7 @@
 // `sleepers`, all sequentially consistent) makes sure a job is never published past a worker about to sleep.
 #include "team.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -154,6 +155,12 @@ extern "C" __attribute__((visibility("default"))) int EdgeTeamStart(int threads,
   t.spin_ns.store(int64_t{std::max(spin_us, 0)} * 1000, std::memory_order_relaxed);
   const int wanted = std::min(threads, kMaxThreads) - 1, have = t.workers.load(std::memory_order_relaxed);
   if (wanted > have) {
+    // Workers run this library's code until the process ends: pin it, so that a host unloading it (onnxruntime
+    // when its last session using the library goes) cannot take the code from under them. (GCC's builds are pinned
+    // anyway, by the STB_GNU_UNIQUE symbols libstdc++ puts in them: a dlclose test cannot tell the two apart.)
+    Dl_info self;
+    if (dladdr(reinterpret_cast<void*>(&EdgeTeamStart), &self) != 0 && self.dli_fname != nullptr)
+      dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
     while (t.busy.exchange(true, std::memory_order_acquire)) EDGE_PAUSE();  // no job runs while workers join
     const uint64_t seen = t.generation.load(std::memory_order_relaxed);
     for (int i = have; i < wanted; ++i) std::thread(work, &t, i + 1, seen).detach();
