@@ -19,13 +19,21 @@ std::string size_error(size_t index, int64_t got, int64_t want, const std::strin
          std::to_string(want) + " (" + why + "); pack weights with edge.kernels.pack";
 }
 
+// The weight layout a size error names. Built only for an error: as a string every call made (four to_string and
+// their concatenation) it cost ~0.5 us of every call, a sixth of what the main thread does between two calls.
+std::string layout_of(const QMatMulKernel& k) {
+  return "N=" + std::to_string(k.N) + ", K=" + std::to_string(k.K) + ", bits=" + std::to_string(k.bits) +
+         ", group_size=" + std::to_string(k.group);
+}
+
 // Inputs 9-11 (SpQR's second level): scale_stats needs stat_rows; zero_stats needs scale_stats and uint8 zeros.
-std::string check_two_level(const TensorView* const* in, const QMatMulArgs& a, const std::string& layout) {
+std::string check_two_level(const QMatMulKernel& k, const TensorView* const* in, const QMatMulArgs& a) {
   const bool scale_stats = in[9]->value != nullptr, zero_stats = in[10]->value != nullptr;
   if (!scale_stats) return zero_stats || in[11]->value != nullptr ? "zero_stats and stat_rows need scale_stats" : "";
   if (in[9]->type != kOrtFloat16) return type_error(9, in[9]->type, "float16");
   if (in[9]->count == 0 || in[9]->count % (a.G * 2) != 0)
-    return size_error(9, in[9]->count, a.G * 2, "a multiple of 2 * groups: (rows, groups, 2) base and step, " + layout);
+    return size_error(9, in[9]->count, a.G * 2,
+                      "a multiple of 2 * groups: (rows, groups, 2) base and step, " + layout_of(k));
   if (in[11]->value == nullptr) return "scale_stats need stat_rows (the stat row of each half tile)";
   if (in[11]->type != kOrtInt32) return type_error(11, in[11]->type, "int32");
   if (in[11]->count != a.tiles * 2) return size_error(11, in[11]->count, a.tiles * 2, "two per tile of 8 columns");
@@ -58,25 +66,23 @@ std::string check(const QMatMulKernel& k, const TensorView* const* in, QMatMulAr
   if (x.dims.empty() || x.dims.back() != k.K)
     return "input 'X' must have last dimension K=" + std::to_string(k.K);
   if (in[1]->type != kOrtUint8) return type_error(1, in[1]->type, "uint8");
-  const std::string layout = "N=" + std::to_string(k.N) + ", K=" + std::to_string(k.K) + ", bits=" +
-                             std::to_string(k.bits) + ", group_size=" + std::to_string(k.group);
-  if (std::string err = check_two_level(in, a, layout); !err.empty()) return err;
+  if (std::string err = check_two_level(k, in, a); !err.empty()) return err;
   const bool two_level = in[9]->value != nullptr;
   if (two_level && in[2]->type != kOrtUint8) return type_error(2, in[2]->type, "uint8 (codes, with scale_stats)");
   if (!two_level && in[2]->type != kOrtFloat && in[2]->type != kOrtFloat16)
     return type_error(2, in[2]->type, "float32 or float16");
-  if (in[1]->count != a.tiles * a.tile_bytes) return size_error(1, in[1]->count, a.tiles * a.tile_bytes, layout);
+  if (in[1]->count != a.tiles * a.tile_bytes) return size_error(1, in[1]->count, a.tiles * a.tile_bytes, layout_of(k));
   const int64_t per_group = a.tiles * a.G * 8;
-  if (in[2]->count != per_group) return size_error(2, in[2]->count, per_group, layout);
+  if (in[2]->count != per_group) return size_error(2, in[2]->count, per_group, layout_of(k));
   if (in[3]->value != nullptr) {
     if (in[3]->type != kOrtUint8 && in[3]->type != kOrtFloat) return type_error(3, in[3]->type, "uint8 or float32");
-    if (in[3]->count != per_group) return size_error(3, in[3]->count, per_group, layout);
+    if (in[3]->count != per_group) return size_error(3, in[3]->count, per_group, layout_of(k));
   }
   if (in[8]->value != nullptr) {
     if (in[3]->value != nullptr)
       return "give zeros or mins, not both (W = (code - zero) * scale or code * scale + min)";
     if (in[8]->type != kOrtFloat && in[8]->type != kOrtFloat16) return type_error(8, in[8]->type, "float32 or float16");
-    if (in[8]->count != per_group) return size_error(8, in[8]->count, per_group, layout);
+    if (in[8]->count != per_group) return size_error(8, in[8]->count, per_group, layout_of(k));
   }
   if (in[4]->value != nullptr) {
     if (in[4]->type != kOrtFloat) return type_error(4, in[4]->type, "float32");
