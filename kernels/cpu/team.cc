@@ -48,7 +48,7 @@ struct Team {
   alignas(64) std::atomic<int> finished{0};  // workers done with this generation
   std::atomic<int> workers{0};
   std::atomic<int64_t> spin_ns{0};
-  std::atomic<int64_t> jobs{0};  // jobs run, for tests and --version
+  std::atomic<int64_t> jobs{0};  // jobs run (EdgeTeamStats: the tests check the team really ran)
   ChunkFn fn = nullptr;
   void* user = nullptr;
   Share shares[kMaxThreads];
@@ -121,9 +121,9 @@ void after_fork_in_child() {
 
 bool team_parallel_for(ChunkFn fn, size_t n, void* user) {
   Team& t = *g_team;
-  const int workers = t.workers.load(std::memory_order_relaxed);
-  if (workers == 0 || n < 2 || n > 0xFFFFFFFFu) return false;
+  if (t.workers.load(std::memory_order_relaxed) == 0 || n < 2 || n > 0xFFFFFFFFu) return false;
   if (t.busy.exchange(true, std::memory_order_acquire)) return false;
+  const int workers = t.workers.load(std::memory_order_relaxed);  // read under `busy`: EdgeTeamStart adds under it
   t.fn = fn;
   t.user = user;
   const int members = workers + 1;
