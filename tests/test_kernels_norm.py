@@ -6,6 +6,8 @@ On the CPU; test_the_cuda_kernel_passes_the_same_tests runs the file again with 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -91,11 +93,13 @@ def case(rng: np.random.Generator, k: int = 200, n: int = 48, bits: int = 4, zer
 
 @pytest.mark.parametrize("skip", [False, True])
 @pytest.mark.parametrize("accuracy_level", [0, 4])
-def test_norm_then_matmul_is_the_plain_op_on_the_normalised_rows(skip: bool, accuracy_level: int) -> None:
+@pytest.mark.parametrize("k", [200, 203])
+def test_norm_then_matmul_is_the_plain_op_on_the_normalised_rows(skip: bool, accuracy_level: int, k: int) -> None:
     """Y equals the plain op run on RMSNorm(X + skip) (bitwise on the CPU, whose sum order rms_norm reproduces), and
-    output 1 is X + skip bitwise. K = 200 leaves a partial lane block and a partial group."""
-    rng = np.random.default_rng(5 + skip + 2 * accuracy_level)
-    packed, _, gamma, x, s = case(rng)
+    output 1 is X + skip bitwise. K = 200 leaves a partial lane block and a partial group, 203 also a partial 8
+    (the AVX2 norm's vectors)."""
+    rng = np.random.default_rng(5 + skip + 2 * accuracy_level + k)
+    packed, _, gamma, x, s = case(rng, k=k)
     run = NormRunner(packed, gamma, skip, accuracy_level)
     plain = QMatMulRunner(packed, accuracy_level=accuracy_level)
     out = run(x, s if skip else None)
@@ -223,6 +227,12 @@ def test_fused_export_computes_what_the_unfused_one_does(tmp_path) -> None:
         logits.append(np.concatenate(steps))
     assert counts == [1, 7]
     assert max_rel_error(logits[0], logits[1]) < 2e-6
+
+
+@pytest.mark.skipif("EDGE_KERNELS_ISA" in os.environ or DEVICE != "cpu", reason="a kernel was chosen, or on CUDA")
+def test_the_portable_norm_passes_the_same_tests() -> None:
+    """The portable norm (CPUs without AVX2) against the same numpy order; this process ran the AVX2 one."""
+    run_test_file(__file__, EDGE_KERNELS_ISA="portable")
 
 
 @pytest.mark.skipif(DEVICE != "cpu" or not cuda_available(), reason="needs onnxruntime-gpu, a GPU and the CUDA build")

@@ -292,10 +292,11 @@ OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
   if (k->norm) {
     normed.resize(static_cast<size_t>(a.M * a.K));
     float* out = normed.data();  // this thread's buffer: the team's threads write into it too
+    const auto norm = uses_avx2() ? rms_norm_rows_avx2 : rms_norm_rows;
     for_rows(a.M, [&](int64_t m0, int64_t m1) {
       const int64_t at = m0 * a.K;
-      rms_norm_rows(a.x + at, t.skip != nullptr ? t.skip + at : nullptr, t.norm_weight, k->norm_epsilon, m1 - m0, a.K,
-                    t.sum != nullptr ? t.sum + at : nullptr, out + at);
+      norm(a.x + at, t.skip != nullptr ? t.skip + at : nullptr, t.norm_weight, k->norm_epsilon, m1 - m0, a.K,
+           t.sum != nullptr ? t.sum + at : nullptr, out + at);
     });
     a.x = out;
   }

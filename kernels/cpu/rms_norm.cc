@@ -38,4 +38,11 @@ void rms_norm_rows(const float* x, const float* skip, const float* weight, float
   }
 }
 
+#if !defined(__x86_64__) && !defined(_M_X64)
+void rms_norm_rows_avx2(const float* x, const float* skip, const float* weight, float epsilon, int64_t rows,
+                        int64_t k, float* sum, float* out) {
+  rms_norm_rows(x, skip, weight, epsilon, rows, k, sum, out);
+}
+#endif
+
 }  // namespace edge
