@@ -90,6 +90,31 @@ def test_self_check_catches_a_wrong_slot(slot: int, entry: str) -> None:
     assert "ABI self-check failed" in out and entry in out
 
 
+_SHAPE_ENTRY_SCRIPT = """
+import ctypes, numpy as np
+import edge.kernels as ek
+from kernels_util import QMatMulRunner, make_weight
+packed, _ = make_weight(np.random.default_rng(0), 16, 64, 4, 32)
+before = ctypes.CDLL(str(ek.library_path())).EdgeShapeEntry()
+y = QMatMulRunner(packed)(np.ones((3, 64), np.float32))
+print(before, ctypes.CDLL(str(ek.library_path())).EdgeShapeEntry(), y.shape)
+"""
+
+
+def test_shapes_are_read_through_api_24_where_the_runtime_has_it() -> None:
+    """onnxruntime 1.24 and later read an input's shape with one call (GetTensorElementTypeAndShapeDataReference,
+    slot 414) once it agreed with the version-1 entries on the first tensor; the op's output shape shows the
+    shapes it read were right. In a fresh process: the choice is made once per process."""
+    ensure_library()
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _SHAPE_ENTRY_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    version = tuple(int(p) for p in ort.__version__.split(".")[:2])
+    assert proc.stdout.split() == ["0", "1" if version >= (1, 24) else "-1", "(3,", "16)"], proc.stdout
+
+
 def test_the_default_model_falls_back_to_stock_ops_without_a_usable_library(monkeypatch, tmp_path) -> None:
     """edge-run with no model must work on an install whose compiler was missing or whose library does not match
     the installed onnxruntime: the default is then the stock-op int4 package."""

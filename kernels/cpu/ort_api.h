@@ -41,6 +41,7 @@ enum OrtSlot : int {
   kSlotKernelContextGetGPUComputeStream = 193,
   kSlotKernelInfoGetConstantInputTensor = 249,
   kSlotKernelContextParallelFor = 274,
+  kSlotGetTensorElementTypeAndShapeDataReference = 414,  // API 24
 };
 
 struct OrtApiFns {
@@ -74,6 +75,9 @@ struct OrtApiFns {
                                                 const OrtValue** out);
   OrtStatus* (*KernelContext_ParallelFor)(const OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t total,
                                           size_t num_batch, void* user_data);
+  // API 24 (onnxruntime 1.24) and later; null on older runtimes.
+  OrtStatus* (*GetTensorElementTypeAndShapeDataReference)(const OrtValue* value, int* type, const int64_t** dims,
+                                                          size_t* rank);
 };
 
 // The bound entries; valid after bind_api() succeeded (the table lives as long as the runtime).
@@ -81,6 +85,9 @@ extern OrtApiFns g_ort;
 
 // Bind g_ort from the runtime's table. Returns false only when the table is missing.
 bool bind_api(const OrtApi* api);
+// Bind the optional entries of API 24 (GetTensorElementTypeAndShapeDataReference) from its table; null: none.
+// Checked against the version-1 entries on the first tensor described before it is used (ort_api.cc: describe).
+void bind_api_24(const OrtApi* api);
 
 // Exercise the status and type-and-shape entries with known values; returns "" when all agree, else what differed.
 std::string self_check();

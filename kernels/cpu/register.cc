@@ -362,6 +362,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
     auto create_status = reinterpret_cast<OrtStatus* (*)(int, const char*)>(reinterpret_cast<void* const*>(v1)[0]);
     return create_status(kOrtFail, "edge kernels need onnxruntime>=1.28 (C API version 17); upgrade onnxruntime.");
   }
+  bind_api_24(base->GetApi(24));
   const std::string err = self_check();
   if (!err.empty())
     return make_status(kOrtFail, "edge kernels: ONNX Runtime ABI self-check failed (" + err +
