@@ -119,6 +119,8 @@ void after_fork_in_child() {
 
 }  // namespace
 
+int team_members() { return g_team->workers.load(std::memory_order_relaxed) + 1; }
+
 bool team_parallel_for(ChunkFn fn, size_t n, void* user) {
   Team& t = *g_team;
   if (t.workers.load(std::memory_order_relaxed) == 0 || n < 2 || n > 0xFFFFFFFFu) return false;

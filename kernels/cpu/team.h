@@ -20,6 +20,8 @@ using ChunkFn = void (*)(void* user, size_t index);
 // never changes its result. Returns false, having run nothing, when the team is off or serving another caller
 // (another thread's session): the caller then uses onnxruntime's parallel-for.
 bool team_parallel_for(ChunkFn fn, size_t n, void* user);
+// Threads a job would run on now (1: no team).
+int team_members();
 
 }  // namespace edge
 
