@@ -324,7 +324,8 @@ def term_rows() -> list[tuple[str, str, float, float]]:
         for tokens, run in zip(TERM_STEPS, runs):
             rows.append((quant, f"activations of a {tokens}-token step",
                          activation_bytes(spec.config, tokens, TERM_CONTEXT, int8_activations=spec.int8_activations,
-                                          edge_attention=spec.edge_attention, fused_mlp=spec.fused_mlp) / m,
+                                          edge_attention=spec.edge_attention, fused_mlp=spec.fused_mlp,
+                                          pre_projections=spec.pre_projections) / m,
                          run["steps"][0] / m))
     for quant in ("fp32", "int4"):
         root = paged_package(quant)

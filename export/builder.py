@@ -186,6 +186,9 @@ class BuildOptions:
     # kernels="edge": RMSNorms that feed an edge.QMatMul run inside it (kernels/graph.py: fuse_norms); 60 fewer nodes
     # for SmolLM2 (kernels/README.md: measured with benchmarks/step_ab.py on two exports)
     fuse_norms: bool = True
+    # and then the plain matmul before each such node (o_proj, down_proj) runs inside it as its pre-projection
+    # (kernels/graph.py: fuse_pre_projections); 59 fewer nodes again for SmolLM2
+    fuse_pre_projections: bool = True
 
 
 @dataclass
@@ -499,10 +502,7 @@ class DecoderBuilder:
         self.g.nodes.append(helper.make_node("Identity", [head(picked)], ["logits"], name="logits"))
         # the rows the head read: what a draft head (export/draft_head.py) continues from
         self.g.nodes.append(helper.make_node("Identity", [picked], ["hidden"], name="hidden"))
-        if self.opt.kernels == "edge" and self.opt.fuse_norms:
-            from edge.kernels.graph import fuse_norms
-
-            self.g.nodes = fuse_norms(self.g.nodes, {"logits", "hidden"})
+        self.g.nodes = fuse_for_kernels(self.g.nodes, self.opt, {"logits", "hidden"})
         progress(1)
         return self.model()
 
@@ -530,6 +530,16 @@ class DecoderBuilder:
             opsets.append(helper.make_opsetid("edge", 1))
         model = helper.make_model(graph, opset_imports=opsets, producer_name="edge", ir_version=IR_VERSION)
         return model
+
+
+def fuse_for_kernels(nodes: list[onnx.NodeProto], opt: BuildOptions, outputs: set[str]) -> list[onnx.NodeProto]:
+    """The node list with the passes that move nodes into edge's kernels (kernels/graph.py), as opt asks."""
+    if opt.kernels != "edge" or not opt.fuse_norms:
+        return nodes
+    from edge.kernels.graph import fuse_norms, fuse_pre_projections
+
+    nodes = fuse_norms(nodes, outputs)
+    return fuse_pre_projections(nodes, outputs) if opt.fuse_pre_projections else nodes
 
 
 def rope_inv_freq(cfg: ModelConfig, base: float, is_global: bool = True) -> np.ndarray:

@@ -41,7 +41,8 @@ from onnx import TensorProto, helper
 from edge import __version__
 from edge.config import ModelConfig
 from edge.errors import ModelFormatError
-from edge.export.builder import DATA_ALIGN, IR_VERSION, OPSET, BuildOptions, DecoderBuilder, ExternalData
+from edge.export.builder import (DATA_ALIGN, IR_VERSION, OPSET, BuildOptions, DecoderBuilder, ExternalData,
+                                 fuse_for_kernels)
 from edge.export.source import ImportedModel
 from edge.package import atomic_package_dir, write_manifest
 
@@ -121,10 +122,7 @@ class LayerBuilder(DecoderBuilder):
             hidden, residual = self.skip_rms_norm(attn, "hidden", f"{p}post_attention_layernorm.weight")
             out = self.mlp(i, hidden)
         self.g.node("Add", [out, residual], outputs=["hidden_out"], name="residual")
-        if self.opt.kernels == "edge" and self.opt.fuse_norms:  # as the resident graph's (DecoderBuilder.build)
-            from edge.kernels.graph import fuse_norms
-
-            self.g.nodes = fuse_norms(self.g.nodes, {"hidden_out"})
+        self.g.nodes = fuse_for_kernels(self.g.nodes, self.opt, {"hidden_out"})  # as the resident graph's
         used = {n for node in self.g.nodes for n in node.input}
         self.g.initializers = [t for t in self.g.initializers if t.name in used]  # the other rope base's caches
         names = {f"past_key.{i}": "past_key", f"past_value.{i}": "past_value",

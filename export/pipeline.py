@@ -241,7 +241,7 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
             "config": cfg.to_dict(),
             "graph": {"file": "model.onnx", "data": "model.onnx.data", "tree_attention": tree_attention,
                       "kv_dtype": "float32", "custom_ops": ["edge"] if options.kernels == "edge" else [],
-                      "accuracy_level": options.accuracy_level, "fused_mlp": has_fused_mlp(tmp / "model.onnx"), **graph_extras},
+                      "accuracy_level": options.accuracy_level, **kernel_features(tmp / "model.onnx"), **graph_extras},
             "quantization": quant_info,
             "tokenizer": {"file": "tokenizer.json", **vars(imported.special_tokens)},
             "chat_template": imported.chat_template,
@@ -274,12 +274,13 @@ def qmatmul_runtime_bits(graph: Path) -> tuple[float, bool]:
     return (round(bits / weights, 4) if weights else 0.0), mins
 
 
-def has_fused_mlp(graph: Path) -> bool:
-    """Whether the MLP's gated activation runs inside edge.QMatMul (its activation attribute): the memory model
-    needs to know."""
+def kernel_features(graph: Path) -> dict[str, bool]:
+    """What edge.QMatMul nodes do beyond a matmul that changes which buffers a step keeps live, for the memory model:
+    fused_mlp, the MLP's gated activation inside (attribute activation); pre_projections, o_proj and down_proj
+    inside the node after them (attribute pre_K)."""
     model = onnx.load(str(graph), load_external_data=False)
-    return any(a.name == "activation" and a.i > 0 for n in model.graph.node if n.op_type == "QMatMul"
-               for a in n.attribute)
+    used = {a.name for n in model.graph.node if n.op_type == "QMatMul" for a in n.attribute if a.i > 0}
+    return {"fused_mlp": "activation" in used, "pre_projections": "pre_K" in used}
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):

@@ -47,8 +47,8 @@ def fuse_norms(nodes: list[onnx.NodeProto], graph_outputs: set[str]) -> list[onn
     norm_epsilon mode: inputs skip and norm_weight, output 1 the residual x + skip).
 
     Why: nearly every matmul of a decoder layer reads a norm of the residual stream, and each node costs onnxruntime's
-    dispatch: on the CPU SmolLM2's steps ran 2.5-5.5% faster without its 60 norm nodes. On CUDA the fused node's two
-    launches made decoding 3% slower, so the GPU's default package is exported without this pass (edge.default_model).
+    dispatch: on the CPU SmolLM2's steps ran 2.5-5.5% faster without its 60 norm nodes, on an H200 decoding 4.4%
+    (kernels/README.md).
     The fused node takes the norm's place in the list: its other inputs are weights, and what reads the residual
     comes after the norm.
     Norms whose mean or inverse deviation is read, with a bias, or over another axis stay as they are."""
@@ -93,6 +93,69 @@ def _fused(norm: onnx.NodeProto, user: onnx.NodeProto) -> onnx.NodeProto:
         outputs.append(norm.output[3] if len(norm.output) > 3 and norm.output[3] else f"{user.name}/residual")
     epsilon = next((helper.get_attribute_value(a) for a in norm.attribute if a.name == "epsilon"), 1e-5)
     node = helper.make_node(OP_TYPE, inputs, outputs, name=user.name, domain=DOMAIN, norm_epsilon=float(epsilon))
+    node.attribute.extend(user.attribute)
+    return node
+
+
+PRE_INPUTS = (1, 2, 3, 8)  # a plain QMatMul's codes, scales, zeros, mins: a pre-projection's inputs 14-17
+PRE_ATTRIBUTES = ("bits", "group_size", "accuracy_level")  # what the projection shares with the node it enters
+QMATMUL_INPUTS = 14  # edge.QMatMul's inputs before the pre-projection's
+
+
+def fuse_pre_projections(nodes: list[onnx.NodeProto], graph_outputs: set[str]) -> list[onnx.NodeProto]:
+    """The node list with each plain edge.QMatMul whose output only a norm-mode edge.QMatMul reads as X moved into
+    that node as its pre-projection (attribute pre_K, inputs 14-17): X W_pre^T, then the norm of it plus the
+    residual, then the node's own matmul.
+
+    Why: in a decoder layer the matmuls before the residual adds (o_proj, down_proj) feed the norm of the matmul after
+    them, and each node costs onnxruntime's dispatch far more inside a step, whose weights have pushed onnxruntime's
+    code and data out of the caches, than in a loop of nodes (SmolLM2 on a Zen 4: 60 extra tiny nodes cost 3.7 us
+    each as built-in Neg, 7 us as edge.QMatMul). The fused node's results are bitwise the two nodes': the same
+    kernels run in the same order. Run after fuse_norms. Projections with a bias, outliers, two-level statistics or
+    other bits than the node's stay nodes of their own."""
+    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in nodes:
+        for name in node.input:
+            if name:
+                readers[name].append(node)
+    makers = {out: node for node in nodes for out in node.output if out}
+    replace: dict[int, onnx.NodeProto | None] = {}  # id(user) -> the fused node; id(projection) -> None
+    for user in nodes:
+        projection = makers.get(user.input[0]) if user.input else None
+        if projection is not None and _fusable_projection(projection, user, readers, graph_outputs):
+            replace[id(user)] = _with_projection(projection, user)
+            replace[id(projection)] = None
+    return [replace.get(id(n), n) for n in nodes if replace.get(id(n), n) is not None]
+
+
+def _attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _fusable_projection(projection: onnx.NodeProto, user: onnx.NodeProto, readers, graph_outputs: set[str]) -> bool:
+    if any(n.op_type != OP_TYPE or n.domain != DOMAIN for n in (projection, user)):
+        return False
+    p, u = _attributes(projection), _attributes(user)
+    if "norm_epsilon" not in u or "pre_K" in u or len(user.input) > QMATMUL_INPUTS:
+        return False
+    if any(key in p for key in ("norm_epsilon", "activation", "pre_K")) or len(projection.output) != 1:
+        return False
+    if any(p.get(key, 0) != u.get(key, 0) for key in PRE_ATTRIBUTES) or p["N"] != u["K"]:
+        return False
+    if any(name for i, name in enumerate(projection.input) if i and i not in PRE_INPUTS):
+        return False  # bias, outliers, two-level statistics
+    out = projection.output[0]
+    return out not in graph_outputs and len(readers[out]) == 1 and list(user.input).count(out) == 1
+
+
+def _with_projection(projection: onnx.NodeProto, user: onnx.NodeProto) -> onnx.NodeProto:
+    inputs = [projection.input[0], *user.input[1:]] + [""] * (QMATMUL_INPUTS - len(user.input))
+    weights = list(projection.input) + [""] * (QMATMUL_INPUTS - len(projection.input))
+    inputs += [weights[i] for i in PRE_INPUTS]
+    while inputs[-1] == "":
+        inputs.pop()
+    node = helper.make_node(OP_TYPE, inputs, list(user.output), name=user.name, domain=DOMAIN,
+                            pre_K=_attributes(projection)["K"])
     node.attribute.extend(user.attribute)
     return node
 

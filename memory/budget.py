@@ -328,6 +328,7 @@ class ModelSpec:
     paged: bool = False  # a paged package (export/paged.py): layers can stream from disk, the table is memory-mapped
     int8_activations: bool = False  # quantized matmuls round their input to int8 (accuracy_level 4): a step's copy
     fused_mlp: bool = False  # act(gate) * up inside edge.QMatMul (its activation attribute): fewer live buffers
+    pre_projections: bool = False  # o_proj, down_proj inside the edge.QMatMul after them (pre_K): one more live
     float16_stats: bool = False  # edge.QMatMul layers with float16 (scale, min) per group (estimate_layout)
     embedding_bits: int | None = None  # the table's width when it differs from the linears' (8: a Q8_0 table)
     calibrated_head: bool = False  # the head's own GPTQ weights, float16 scales (estimate_layout)
@@ -395,7 +396,8 @@ class ModelSpec:
         return cls(name=name, config=config, quant=quant, layout=layout, kernels=kernels, paged=paged,
                    has_tokenizer=any(file.endswith("tokenizer.json") for file in sizes),
                    int8_activations=_int8_activations(manifest, quant, kernels),
-                   fused_mlp=bool(graph.get("fused_mlp", False)), float16_stats=float16_stats,
+                   fused_mlp=bool(graph.get("fused_mlp", False)),
+                   pre_projections=bool(graph.get("pre_projections", False)), float16_stats=float16_stats,
                    embedding_bits=embedding_bits, calibrated_head=calibrated_head)
 
     @classmethod
@@ -577,7 +579,7 @@ def attention_scratch_bytes(config: ModelConfig, tokens: int, context: int, thre
 
 def activation_bytes(config: ModelConfig, tokens: int, context: int, full_scores: bool = False,
                      threads: int = DEFAULT_THREADS, int8_activations: bool = False,
-                     edge_attention: bool = False, fused_mlp: bool = False) -> int:
+                     edge_attention: bool = False, fused_mlp: bool = False, pre_projections: bool = False) -> int:
     """RSS one step over `tokens` new tokens attending to `context` positions adds: STEP_FIXED_BYTES plus the arena.
 
     Per token: ARENA_GROWTH x the MLP's peak live set, hidden + 4 intermediate float32 (the residual stream, the
@@ -604,8 +606,13 @@ def activation_bytes(config: ModelConfig, tokens: int, context: int, full_scores
     arena grows ~41 KB per token instead of ~52. `fused_mlp` (the gated activation inside edge.QMatMul) leaves
     hidden + 2 intermediate live (the op's output, and the down projection's copy of it): measured S=16 0.47 MiB
     (0.52), S=64 1.36 (2.09), S=128 3.45 (4.17), S=256 5.5 (8.3), S=512 11.6 (16.7), ~24 KB per token.
+    `pre_projections` (kernels/graph.py: fuse_pre_projections) keeps the gated output live into the next layer's
+    q/k/v node, beside that node's outputs: measured (session 37, whole step against the same graph without the
+    pass, arena part) S=16 +0.08 MiB, S=128 +1.0 MiB, S=512 +0.0; counted as the q/k/v row more per token.
     """
     mlp = config.hidden_size + (2 if fused_mlp else 4) * config.intermediate_size
+    if pre_projections:
+        mlp += (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
     attention_copies = 0 if edge_attention else 2 * (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
     per_token = (ARENA_GROWTH * mlp + attention_copies) * FLOAT32
     if int8_activations:
@@ -688,7 +695,7 @@ class MemoryModel:
         specs = [self.target] + ([self.draft] if plan.uses_draft_model else [])
         tokens = [chunk, plan.nodes, 1]
         return max(activation_bytes(m.config, s, L, full, self.threads, m.int8_activations, m.edge_attention,
-                                    m.fused_mlp)
+                                    m.fused_mlp, m.pre_projections)
                    for m in specs for s in tokens)
 
     def estimate(self, plan: Plan) -> MemoryEstimate:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 import edge.kernels as ek
@@ -135,3 +136,36 @@ def run_test_file(path: str, **env: str) -> None:
     run = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True,
                          cwd=Path(path).resolve().parent.parent)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+
+
+def export_and_decode(folder, imported, ids: list[int], **options) -> tuple[onnx.GraphProto, np.ndarray]:
+    """An int4 --kernels edge export of `imported` (options: export_model's) and the logits of a 12-token prompt
+    (every row) and then of one step per remaining id, decoded on DEVICE: what the fusion passes must not change."""
+    from edge.export.pipeline import export_model
+    from edge.model import Decoder
+    from edge.package import load_package
+
+    package = load_package(export_model("tiny", folder, quant="int4", model=imported, kernels="edge", head="rtn",
+                                        **options))
+    graph = onnx.load(str(package.graph_path), load_external_data=False).graph
+    decoder = Decoder(package, context_length=32, threads=1, device=DEVICE)
+    steps = [decoder.step(ids[:12], logits_rows=list(range(12))).copy()]
+    steps += [decoder.step([t]).copy() for t in ids[12:]]
+    return graph, np.concatenate(steps)
+
+
+def device_session(graph: onnx.GraphProto) -> ort.InferenceSession:
+    """A session of a graph of edge's ops on DEVICE (2 threads; on CUDA no silent fallback to the CPU)."""
+    from edge.kernels.graph import IR_VERSION, OPSET
+    from edge.kernels.library import DOMAIN
+
+    model = onnx.helper.make_model(graph, ir_version=IR_VERSION, opset_imports=[
+        onnx.helper.make_opsetid("", OPSET), onnx.helper.make_opsetid(DOMAIN, 1)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    cuda = DEVICE == "cuda"
+    ek.register(so, cuda=cuda)
+    if cuda:
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CUDAExecutionProvider" if cuda else "CPUExecutionProvider"])

@@ -315,7 +315,8 @@ def test_each_term_is_within_10_percent_of_measured(quant):
     untouched = est.weights_target - in_sessions
     for tokens, step, anon in zip(STEP_SIZES, measured["steps"], measured["steps_anon"]):
         predicted = activation_bytes(spec.config, tokens, context, int8_activations=spec.int8_activations,
-                                     edge_attention=spec.edge_attention, fused_mlp=spec.fused_mlp)
+                                     edge_attention=spec.edge_attention, fused_mlp=spec.fused_mlp,
+                                     pre_projections=spec.pre_projections)
         # the arena's share (anonymous memory) within 10%, with half a MiB of slack for the small steps (S <= 16,
         # whose share is 0.1-1.3 MiB); the kernels' code pages that the first step touches: at most STEP_FIXED_BYTES.
         # edge's kernels: never under, at most 50% over (their arena use per token falls from ~52 KB at S <= 64 to

@@ -10,14 +10,14 @@ import os
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import edge.kernels as ek
-from edge.kernels.graph import IR_VERSION, OPSET, fuse_norms, qmatmul_node, qmatmul_tensors
+from edge.kernels.graph import fuse_norms, qmatmul_node, qmatmul_tensors
 from edge.kernels.library import DOMAIN
-from kernels_util import DEVICE, QMatMulRunner, cuda_available, ensure_library, make_weight, run_test_file
+from kernels_util import (DEVICE, QMatMulRunner, cuda_available, device_session, ensure_library, export_and_decode,
+                          make_weight, run_test_file)
 
 EPS = 1e-5
 cpu_only = pytest.mark.skipif(DEVICE != "cpu", reason="bitwise against the CPU kernels' documented sum order")
@@ -60,18 +60,8 @@ class NormRunner:
         graph_inputs = [x] + ([helper.make_tensor_value_info("S", TensorProto.FLOAT, ["M", packed.k])] if skip else [])
         graph_outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs]
         tensors = {**qmatmul_tensors(packed, "w"), "gamma": weight}
-        graph = helper.make_graph([fused], "norm", graph_inputs, graph_outputs,
-                                  [numpy_helper.from_array(a, n) for n, a in tensors.items()])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
-                                  ir_version=IR_VERSION)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 2
-        cuda = DEVICE == "cuda"
-        ek.register(so, cuda=cuda)
-        if cuda:
-            so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        self.sess = ort.InferenceSession(model.SerializeToString(), so,
-                                         providers=["CUDAExecutionProvider" if cuda else "CPUExecutionProvider"])
+        self.sess = device_session(helper.make_graph([fused], "norm", graph_inputs, graph_outputs,
+                                                     [numpy_helper.from_array(a, n) for n, a in tensors.items()]))
         self.outputs = outputs
 
     def __call__(self, x: np.ndarray, s: np.ndarray | None = None) -> list[np.ndarray]:
@@ -209,22 +199,13 @@ def test_fused_export_computes_what_the_unfused_one_does(tmp_path) -> None:
     pytest.importorskip("transformers")
     from tiny_models import max_rel_error, tiny_llama
 
-    from edge.export.pipeline import export_model
-    from edge.model import Decoder
-    from edge.package import load_package
-
     _, imported = tiny_llama(seed=7, num_hidden_layers=3)
     ids = [int(t) for t in np.random.default_rng(3).integers(0, 96, 16)]
     logits, counts = [], []
     for fuse in (True, False):
-        package = load_package(export_model("tiny", tmp_path / str(fuse), quant="int4", model=imported,
-                                            kernels="edge", accuracy_level=0, head="rtn", fuse_norms=fuse))
-        graph = onnx.load(str(package.graph_path), load_external_data=False)
-        counts.append(sum(n.op_type.endswith("SimplifiedLayerNormalization") for n in graph.graph.node))
-        decoder = Decoder(package, context_length=32, threads=1, device=DEVICE)
-        steps = [decoder.step(ids[:12], logits_rows=list(range(12))).copy()]
-        steps += [decoder.step([t]).copy() for t in ids[12:]]
-        logits.append(np.concatenate(steps))
+        graph, rows = export_and_decode(tmp_path / str(fuse), imported, ids, accuracy_level=0, fuse_norms=fuse)
+        counts.append(sum(n.op_type.endswith("SimplifiedLayerNormalization") for n in graph.node))
+        logits.append(rows)
     assert counts == [1, 7]
     assert max_rel_error(logits[0], logits[1]) < 2e-6
 

@@ -101,7 +101,7 @@ def test_int4_layers_feed_edge_qmatmul_its_packed_weights_as_inputs(exported_int
     paging = package.manifest["paging"]
     graph = onnx.load(str(package.root / paging["layer_graph"])).graph
     qmatmuls = [n for n in graph.node if n.op_type == OP_TYPE and n.domain == DOMAIN]
-    assert len(qmatmuls) == 4  # qkv, o, gate_up, down
+    assert len(qmatmuls) == 3  # qkv, gate_up with o_proj inside (its pre-projection), down
     inputs = {i.name for i in graph.input}
     assert all(name in inputs for n in qmatmuls for name in n.input[1:] if name)
     dtypes = {t["name"]: t["dtype"] for t in paging["tensors"]}

@@ -151,6 +151,7 @@ def test_edge_kernel_exports_fuse_the_mlp_gate_and_say_so(tmp_path):
     ops = [n.op_type for n in onnx.load(str(edge / "model.onnx"), load_external_data=False).graph.node]
     assert "Split" not in ops and "Sigmoid" not in ops and "Mul" not in ops
     assert ModelSpec.from_package(edge).fused_mlp and not ModelSpec.from_package(stock).fused_mlp
+    assert ModelSpec.from_package(edge).pre_projections and not ModelSpec.from_package(stock).pre_projections
     from edge.engine import Engine
 
     ids = [1, 5, 9, 14, 3]

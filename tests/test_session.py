@@ -63,7 +63,7 @@ def test_a_graph_newer_than_the_kernel_library_says_to_rebuild_it(tmp_path):
     from edge.kernels import KernelLibraryError
 
     ensure_library()
-    node = helper.make_node("QMatMul", ["x"] + [f"w{i}" for i in range(15)], ["y"], domain="edge", K=16, N=8,
+    node = helper.make_node("QMatMul", ["x"] + [f"w{i}" for i in range(18)], ["y"], domain="edge", K=16, N=8,
                             bits=4, group_size=16)
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 16]) for n in node.input]
     graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])

@@ -54,7 +54,7 @@ python3 -c "import onnxruntime as o, torch; print('onnxruntime', o.__version__, 
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_kernels_cuda.py tests/test_kernels.py tests/test_kernels_norm.py \
-    tests/test_kernels_attention.py 2>&1 | tee "$OUT/pytest.log" | tail -15
+    tests/test_kernels_projection.py tests/test_kernels_attention.py 2>&1 | tee "$OUT/pytest.log" | tail -15
   status=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

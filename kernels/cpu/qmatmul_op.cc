@@ -100,35 +100,8 @@ std::string check(const QMatMulKernel& k, const TensorView* const* in, QMatMulAr
   return "";
 }
 
-}  // namespace
-
-OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTensors* out) {
-  size_t count = 0;
-  if (OrtStatus* st = g_ort.KernelContext_GetInputCount(ctx, &count)) return st;
-  TensorView read[kQMatMulInputs];
-  const TensorView* in[kQMatMulInputs];
-  for (size_t i = 0; i < kQMatMulInputs; ++i) {
-    in[i] = &k.constants[i];  // a constant initializer, described when the kernel was made
-    if (k.constants[i].value != nullptr) continue;
-    if (OrtStatus* st = view_input(ctx, i, count, &read[i])) return st;
-    in[i] = &read[i];
-  }
-  if (in[0]->value == nullptr || in[1]->value == nullptr || in[2]->value == nullptr)
-    return make_status(kOrtInvalidArgument, "edge.QMatMul: inputs X, codes and scales are required");
-  QMatMulArgs& a = out->args;
-  a.K = k.K;
-  a.N = k.N;
-  a.bits = k.bits;
-  a.group = k.group;
-  a.digits = k.digits;
-  a.gated = k.gated;
-  finish_layout(a);
-  if (std::string err = check(k, in, a); !err.empty()) return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
-  a.M = in[0]->count / k.K;
-  const bool half = in[0]->type == kOrtFloat16;
-  if (half) out->x16 = static_cast<const uint16_t*>(in[0]->data);
-  else a.x = static_cast<const float*>(in[0]->data);
-  a.ldx = k.K;
+// The weights' pointers in args, from inputs already checked.
+void fill_weights(const TensorView* const* in, QMatMulArgs& a) {
   a.codes = static_cast<const uint8_t*>(in[1]->data);
   if (in[9]->value != nullptr) {
     a.scale_codes = static_cast<const uint8_t*>(in[2]->data);
@@ -159,6 +132,81 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
     a.outlier_rowptr = static_cast<const int32_t*>(in[7]->data);
     a.outlier_nnz = in[5]->count;
   }
+}
+
+void start_args(const QMatMulKernel& k, QMatMulArgs& a) {
+  a.K = k.K;
+  a.N = k.N;
+  a.bits = k.bits;
+  a.group = k.group;
+  a.digits = k.digits;
+  a.gated = k.gated;
+  finish_layout(a);
+}
+
+// The pre-projection's inputs 14-17 as the slots of an input list of its own, X in slot 0; checked as a plain op's.
+OrtStatus* bind_pre(const QMatMulKernel& k, OrtKernelContext* ctx, size_t count, const TensorView& x,
+                    BoundTensors* out) {
+  const QMatMulKernel& p = *k.pre;
+  TensorView read[kPreInputs];
+  const TensorView* in[kQMatMulInputs];
+  for (size_t i = 0; i < kQMatMulInputs; ++i) in[i] = &p.constants[i];  // all absent but the weights' slots
+  in[0] = &x;
+  for (size_t j = 0; j < kPreInputs; ++j) {
+    const size_t slot = kPreSlots[j];
+    if (p.constants[slot].value != nullptr) continue;
+    if (OrtStatus* st = view_input(ctx, kQMatMulInputs + j, count, &read[j])) return st;
+    in[slot] = &read[j];
+  }
+  if (in[1]->value == nullptr || in[2]->value == nullptr)
+    return make_status(kOrtInvalidArgument, "edge.QMatMul: pre_K needs inputs 14 and 15 (pre_codes, pre_scales)");
+  if (x.type != kOrtFloat) return make_status(kOrtInvalidArgument, "edge.QMatMul: pre_K needs float32 X");
+  QMatMulArgs& a = out->pre;
+  start_args(p, a);
+  if (std::string err = check(p, in, a); !err.empty())
+    return make_status(kOrtInvalidArgument, "edge.QMatMul: pre-projection (inputs 14-17): " + err);
+  a.M = x.count / p.K;
+  a.x = static_cast<const float*>(x.data);
+  a.ldx = p.K;
+  fill_weights(in, a);
+  out->has_pre = true;
+  return nullptr;
+}
+
+}  // namespace
+
+OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTensors* out) {
+  size_t count = 0;
+  if (OrtStatus* st = g_ort.KernelContext_GetInputCount(ctx, &count)) return st;
+  TensorView read[kQMatMulInputs];
+  const TensorView* in[kQMatMulInputs];
+  for (size_t i = 0; i < kQMatMulInputs; ++i) {
+    in[i] = &k.constants[i];  // a constant initializer, described when the kernel was made
+    if (k.constants[i].value != nullptr) continue;
+    if (OrtStatus* st = view_input(ctx, i, count, &read[i])) return st;
+    in[i] = &read[i];
+  }
+  if (in[0]->value == nullptr || in[1]->value == nullptr || in[2]->value == nullptr)
+    return make_status(kOrtInvalidArgument, "edge.QMatMul: inputs X, codes and scales are required");
+  TensorView projected;  // with a pre-projection: X W_pre^T as this matmul's X, shaped (..., K); its data comes later
+  if (k.pre) {
+    if (OrtStatus* st = bind_pre(k, ctx, count, *in[0], out)) return st;
+    projected.value = in[0]->value;
+    projected.type = kOrtFloat;
+    projected.dims = in[0]->dims;
+    projected.dims.back() = k.K;
+    projected.count = out->pre.M * k.K;
+    in[0] = &projected;
+  }
+  QMatMulArgs& a = out->args;
+  start_args(k, a);
+  if (std::string err = check(k, in, a); !err.empty()) return make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
+  a.M = in[0]->count / k.K;
+  const bool half = in[0]->type == kOrtFloat16;
+  if (half) out->x16 = static_cast<const uint16_t*>(in[0]->data);
+  else a.x = static_cast<const float*>(in[0]->data);
+  a.ldx = k.K;
+  fill_weights(in, a);
   out->out_dims = in[0]->dims;
   out->out_dims.back() = k.gated ? k.N / 2 : k.N;
   OrtValue* y = nullptr;

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,10 @@ namespace edge {
 
 // X, codes, scales, zeros, bias, 3 outlier arrays, mins, 3 two-level inputs, and the norm's skip and norm_weight
 constexpr size_t kQMatMulInputs = 14;
+// Then the pre-projection's weights (attribute pre_K): codes, scales, zeros, mins, inputs 14-17 of the node, which
+// fill these slots of its own input list.
+constexpr size_t kPreSlots[] = {1, 2, 3, 8};
+constexpr size_t kPreInputs = 4;
 
 struct QMatMulKernel {
   int64_t K = 0, N = 0, group = 0;
@@ -30,6 +35,10 @@ struct QMatMulKernel {
   mutable std::atomic<bool> host_checked{false};
   // Constants the CPU kernel reads from copies in 2 MB pages (huge_pages.h) instead of onnxruntime's buffers.
   std::vector<const void*> huge_copies;
+  // Attribute pre_K: X (width pre_K) first goes through a matmul of its own, X W_pre^T (N = K, the same bits, group
+  // size and accuracy_level), and what the norm reads is that: the matmul before a decoder layer's residual add
+  // (o_proj, down_proj) inside the node after it. Only with the norm. Null without.
+  std::unique_ptr<QMatMulKernel> pre;
 
   QMatMulKernel() = default;
   QMatMulKernel(const QMatMulKernel&) = delete;
@@ -50,6 +59,9 @@ struct BoundTensors {
   const float* skip = nullptr;
   const float* norm_weight = nullptr;
   float* sum = nullptr;
+  // The pre-projection (QMatMulKernel::pre): its args with x = X; its y, and args.x, are set by the EP's compute.
+  bool has_pre = false;
+  QMatMulArgs pre;
 };
 
 // Read, type-check and size-check all inputs, allocate the output, and fill args (layout fields included).

@@ -18,7 +18,10 @@
 //   12 skip    optional, float32 like X; only with the attribute norm_epsilon (float): the residual stream
 //   13 norm_weight  float32 (K,), required with norm_epsilon: Y = RMSNorm(X + skip) W^T, the norm a decoder layer
 //              runs before the matmul (rms_norm.h)
-// Outputs Y (..., N), and with skip, output 1: X + skip (..., K).
+//   14-17 pre_codes, pre_scales, pre_zeros, pre_mins: only with the attribute pre_K (and norm_epsilon): X is
+//              (..., pre_K) and first becomes X W_pre^T (..., K), W_pre packed like inputs 1-3 and 8 with N = K and
+//              this node's bits, group_size and accuracy_level; the norm then reads that (QMatMulKernel::pre)
+// Outputs Y (..., N), and with skip, output 1: X + skip (..., K), X here the pre-projection's output if any.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -38,20 +41,30 @@ namespace {
 int input_type(const OrtCustomOp*, size_t index) {
   switch (index) {
     case 0: case 4: case 12: case 13: return kOrtFloat;
-    case 1: return kOrtUint8;
-    case 2: case 3: case 8: return kOrtUndefined;  // scales float32, float16 or uint8 codes; zeros uint8 or float32
+    case 1: case 14: return kOrtUint8;
+    case 2: case 3: case 8: case 15: case 16: case 17: return kOrtUndefined;  // scales float32, float16 or uint8 codes; zeros uint8 or float32
     case 5: case 9: case 10: return kOrtFloat16;
     default: return kOrtInt32;
   }
 }
 int input_type_f16(const OrtCustomOp* op, size_t index) { return index == 0 ? kOrtFloat16 : input_type(op, index); }
 int output_type_f16(const OrtCustomOp*, size_t) { return kOrtFloat16; }
-size_t input_count(const OrtCustomOp*) { return kQMatMulInputs; }
+size_t input_count(const OrtCustomOp*) { return kQMatMulInputs + kPreInputs; }
 size_t output_count(const OrtCustomOp*) { return 2; }
 int input_characteristic(const OrtCustomOp*, size_t index) { return index < 3 ? kOrtRequired : kOrtOptional; }
 int output_characteristic(const OrtCustomOp*, size_t index) { return index == 0 ? kOrtRequired : kOrtOptional; }
 const char* op_name(const OrtCustomOp*) { return "QMatMul"; }
 const char* cpu_provider(const OrtCustomOp*) { return nullptr; }
+
+// An optional int attribute: fallback when the node does not have it.
+int64_t optional_attr(const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  int64_t value = fallback;
+  if (OrtStatus* missing = g_ort.KernelInfoGetAttribute_int64(info, name, &value)) {
+    g_ort.ReleaseStatus(missing);
+    value = fallback;
+  }
+  return value;
+}
 
 OrtStatus* read_attr(const OrtKernelInfo* info, const char* name, int64_t* out) {
   OrtStatus* st = g_ort.KernelInfoGetAttribute_int64(info, name, out);
@@ -81,22 +94,11 @@ OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelIn
   if (st == nullptr) st = read_attr(info, "N", &k->N);
   if (st == nullptr) st = read_attr(info, "bits", &bits);
   if (st == nullptr) st = read_attr(info, "group_size", &k->group);
-  int64_t accuracy = 0;  // optional, as MatMulNBits' accuracy_level: 4 = int8 activations
-  if (st == nullptr) {
-    if (OrtStatus* missing = g_ort.KernelInfoGetAttribute_int64(info, "accuracy_level", &accuracy)) {
-      g_ort.ReleaseStatus(missing);
-      accuracy = 0;
-    }
-    k->digits = accuracy == 4 ? 1 : 3;
-  }
-  int64_t activation = 0;  // optional: 1 or 2, a gated activation (QMatMulArgs::gated)
-  if (st == nullptr) {
-    if (OrtStatus* missing = g_ort.KernelInfoGetAttribute_int64(info, "activation", &activation)) {
-      g_ort.ReleaseStatus(missing);
-      activation = 0;
-    }
-    k->gated = static_cast<int>(activation);
-  }
+  const int64_t accuracy = optional_attr(info, "accuracy_level", 0);  // as MatMulNBits': 4 = int8 activations
+  k->digits = accuracy == 4 ? 1 : 3;
+  const int64_t activation = optional_attr(info, "activation", 0);  // 1 or 2, a gated activation (QMatMulArgs::gated)
+  k->gated = static_cast<int>(activation);
+  const int64_t pre_k = optional_attr(info, "pre_K", 0);  // a pre-projection (QMatMulKernel::pre)
   if (st == nullptr) {  // optional: present, the norm mode (inputs skip and norm_weight)
     if (OrtStatus* missing = g_ort.KernelInfoGetAttribute_float(info, "norm_epsilon", &k->norm_epsilon)) {
       g_ort.ReleaseStatus(missing);
@@ -120,17 +122,35 @@ OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelIn
       err = "norm_epsilon must be >= 0, got " + std::to_string(k->norm_epsilon);
     else if (activation != 0 && k->N % 8 != 0)
       err = "a gated activation needs N to be a multiple of 8 (tiles of 4 gate and 4 up rows)";
+    else if (pre_k < 0 || (pre_k > 0 && !k->norm))
+      err = "pre_K must be positive and comes with norm_epsilon (the projection before the residual add), got " +
+            std::to_string(pre_k);
     if (!err.empty()) st = make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
   }
   if (st != nullptr) {
     delete k;
     return st;
   }
-  if (op->GetExecutionProviderType(op) == nullptr)  // the CPU's: on CUDA a constant's copy may live elsewhere
+  if (pre_k > 0) {
+    k->pre = std::make_unique<QMatMulKernel>();
+    QMatMulKernel& p = *k->pre;
+    p.K = pre_k;
+    p.N = k->K;
+    p.group = k->group;
+    p.bits = k->bits;
+    p.digits = k->digits;
+  }
+  if (op->GetExecutionProviderType(op) == nullptr) {  // the CPU's: on CUDA a constant's copy may live elsewhere
     for (size_t i = 1; i < kQMatMulInputs; ++i) {
       view_constant(info, i, &k->constants[i]);
       move_to_huge_pages(k->constants[i], k->huge_copies);
     }
+    for (size_t j = 0; k->pre && j < kPreInputs; ++j) {
+      TensorView& v = k->pre->constants[kPreSlots[j]];
+      view_constant(info, kQMatMulInputs + j, &v);
+      move_to_huge_pages(v, k->pre->huge_copies);
+    }
+  }
   *kernel = k;
   return nullptr;
 }
@@ -309,6 +329,15 @@ OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
                           (k->constants[5].value && k->constants[6].value && k->constants[7].value);
     const bool stat_rows = a.stat_rows == nullptr || (k->constants[9].value && k->constants[11].value);
     if (outliers && stat_rows) k->host_checked.store(true, std::memory_order_relaxed);  // constants: checked for good
+  }
+  thread_local std::vector<float> projected;  // the pre-projection's output rows, when there is no output 1
+  if (t.has_pre) {
+    // Into output 1 where the node has one: the norm then adds the skip there in place (each element read before
+    // it is written), and a step's memory grows by no buffer of the projection's own.
+    if (t.sum == nullptr) projected.resize(static_cast<size_t>(a.M * a.K));
+    t.pre.y = t.sum != nullptr ? t.sum : projected.data();
+    if (OrtStatus* st = run_tiles(t.pre, ctx)) return st;
+    a.x = t.pre.y;
   }
   thread_local std::vector<float> normed;  // the norm mode's input rows
   if (k->norm) {

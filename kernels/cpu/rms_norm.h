@@ -13,7 +13,8 @@
 
 namespace edge {
 
-// rows x k floats; skip may be null (then sum is unused and may be null); sum and out get rows x k floats.
+// rows x k floats; skip may be null (then sum is unused and may be null); sum and out get rows x k floats. sum may be
+// x itself (each element of x is read before sum's is written): the pre-projection's output is computed there.
 void rms_norm_rows(const float* x, const float* skip, const float* weight, float epsilon, int64_t rows, int64_t k,
                    float* sum, float* out);
 // The same bits with AVX2 (rms_norm_avx2.cc), for CPUs where uses_avx2(); elsewhere rms_norm_rows itself.

@@ -463,4 +463,11 @@ std::string launch_qmatmul_cuda(const QMatMulArgs& h, const uint16_t* x16, uint1
   return err == cudaSuccess ? std::string() : std::string("CUDA launch failed: ") + cudaGetErrorString(err);
 }
 
+std::string launch_projection_cuda(QMatMulArgs& a, void* stream) {
+  thread_local DeviceBuffer projected;  // not launch_norm_rows' scratch: the node's matmul reads both
+  if (std::string err = projected.reserve(static_cast<size_t>(a.M * a.N) * sizeof(float)); !err.empty()) return err;
+  a.y = static_cast<float*>(projected.data);
+  return launch_qmatmul_cuda(a, nullptr, nullptr, nullptr, stream);
+}
+
 }  // namespace edge

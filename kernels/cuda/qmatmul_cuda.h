@@ -22,4 +22,8 @@ struct CudaNorm {
 std::string launch_qmatmul_cuda(const QMatMulArgs& a, const uint16_t* x16, uint16_t* y16, const CudaNorm* norm,
                                 void* stream);
 
+// edge.QMatMul's pre-projection (QMatMulKernel::pre) on `stream`: a.x W^T into this host thread's device scratch,
+// which a.y is pointed at; the node's own matmul then reads it. Returns "" on success, else the error.
+std::string launch_projection_cuda(QMatMulArgs& a, void* stream);
+
 }  // namespace edge

@@ -16,6 +16,11 @@ OrtStatus* compute_cuda(void* kernel, OrtKernelContext* ctx) {
   if (t.args.M == 0) return nullptr;
   void* stream = nullptr;
   if (OrtStatus* st = g_ort.KernelContext_GetGPUComputeStream(ctx, &stream)) return st;
+  if (t.has_pre) {
+    if (std::string err = launch_projection_cuda(t.pre, stream); !err.empty())
+      return make_status(kOrtRuntimeException, "edge.QMatMul (CUDA): " + err);
+    t.args.x = t.pre.y;
+  }
   CudaNorm norm{t.skip, t.norm_weight, t.sum, k->norm_epsilon};
   // Outlier indices live on the device and are not range-checked here (the CPU op checks them).
   const std::string err = launch_qmatmul_cuda(t.args, t.x16, t.y16, k->norm ? &norm : nullptr, stream);
