@@ -328,7 +328,7 @@ class ModelSpec:
     paged: bool = False  # a paged package (export/paged.py): layers can stream from disk, the table is memory-mapped
     int8_activations: bool = False  # quantized matmuls round their input to int8 (accuracy_level 4): a step's copy
     fused_mlp: bool = False  # act(gate) * up inside edge.QMatMul (its activation attribute): fewer live buffers
-    pre_projections: bool = False  # o_proj, down_proj inside the edge.QMatMul after them (pre_K): one more live
+    pre_projections: bool = False  # o_proj, down_proj inside the edge.QMatMul after them (pre_K): more live per token
     float16_stats: bool = False  # edge.QMatMul layers with float16 (scale, min) per group (estimate_layout)
     embedding_bits: int | None = None  # the table's width when it differs from the linears' (8: a Q8_0 table)
     calibrated_head: bool = False  # the head's own GPTQ weights, float16 scales (estimate_layout)

@@ -42,7 +42,8 @@ int input_type(const OrtCustomOp*, size_t index) {
   switch (index) {
     case 0: case 4: case 12: case 13: return kOrtFloat;
     case 1: case 14: return kOrtUint8;
-    case 2: case 3: case 8: case 15: case 16: case 17: return kOrtUndefined;  // scales float32, float16 or uint8 codes; zeros uint8 or float32
+    case 2: case 3: case 8: case 15: case 16: case 17:
+      return kOrtUndefined;  // scales float32, float16 or uint8 codes; zeros uint8 or float32
     case 5: case 9: case 10: return kOrtFloat16;
     default: return kOrtInt32;
   }
