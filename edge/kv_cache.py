@@ -14,23 +14,25 @@ from edge.config import ModelConfig
 
 
 class KVCache:
-    def __init__(self, config: ModelConfig, capacity: int, device: str = "cpu"):
+    def __init__(self, config: ModelConfig, capacity: int, device: str = "cpu", dtype: str = "float32"):
+        """dtype: the package's kv_dtype, "float32" or "float16" (edge.Attention on the CPU)."""
         self.capacity = capacity
         self.length = 0
+        self.dtype = np.dtype(dtype)
         self.shape = shape = (1, config.num_kv_heads, capacity, config.head_dim)
         if device == "cpu":
             # numpy owns the memory (pages are committed only when written) and the OrtValues alias it, so the
             # runtime can compact entries with numpy and tests can read the cache directly.
-            self.arrays = [np.zeros(shape, np.float32) for _ in range(2 * config.num_layers)]
+            self.arrays = [np.zeros(shape, self.dtype) for _ in range(2 * config.num_layers)]
             self.values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.arrays]
         else:
             self.arrays = []
-            self.values = [ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, device, 0)
+            self.values = [ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, device, 0)
                            for _ in range(2 * config.num_layers)]
 
     @property
     def nbytes(self) -> int:
-        return sum(int(np.prod(v.shape())) * 4 for v in self.values)
+        return sum(int(np.prod(v.shape())) * self.dtype.itemsize for v in self.values)
 
     def trim(self, length: int) -> None:
         """Forget everything after the first `length` tokens."""

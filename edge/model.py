@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.errors import ContextOverflowError
+from edge.errors import ContextOverflowError, PackageError
 from edge.kv_cache import KVCache
 from edge.package import Package
 from edge.session import create_session
@@ -138,8 +138,11 @@ class Decoder:
         self.config = package.config
         self.device = device
         self.context_length = min(context_length or self.config.max_context, self.config.max_context)
+        if package.kv_dtype != "float32" and device != "cpu":
+            raise PackageError(f"{package.root} keeps its KV cache in {package.kv_dtype}, which edge.Attention "
+                               f"runs on the CPU only; use --device cpu, or re-export it without --kv-dtype")
         self.session = create_session(package.graph_path, device, threads, package.custom_ops, spin)
-        self.cache = KVCache(self.config, self.context_length, device)
+        self.cache = KVCache(self.config, self.context_length, device, package.kv_dtype)
         self.tree_attention = package.tree_attention
         self.max_rows = max_rows
         self._logits = np.empty((max_rows, self.config.vocab_size), np.float32)

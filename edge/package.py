@@ -30,6 +30,7 @@ from edge.errors import PackageError
 
 FORMAT = "edge-package"
 FORMAT_VERSION = 1
+KV_DTYPES = ("float32", "float16")  # the manifest's graph.kv_dtype
 MANIFEST = "manifest.json"
 
 
@@ -65,6 +66,11 @@ class Package:
     @property
     def tree_attention(self) -> bool:
         return bool(self.manifest["graph"].get("tree_attention", False))
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's element type, "float32" or "float16" (the graph's past/present inputs)."""
+        return str(self.manifest["graph"].get("kv_dtype", "float32"))
 
     @property
     def custom_ops(self) -> list[str]:
@@ -135,6 +141,9 @@ def load_package(path: str | os.PathLike, verify: bool = True) -> Package:
     for name, info in manifest["files"].items():
         _check_file(root, name, info, verify)
     package = Package(root, manifest)
+    if package.kv_dtype not in KV_DTYPES:
+        raise PackageError(f"{manifest_path} asks for a {package.kv_dtype!r} KV cache, which this edge does not know "
+                           f"(only {', '.join(KV_DTYPES)}); upgrade edge or re-export the package")
     _check_external_data(package)
     return package
 

@@ -7,7 +7,8 @@ interface, which the runtime (edge/model.py) relies on:
 inputs   input_ids (1,S) int64; position_ids (1,S) int64; seqlens_k (1,) int32 = P+S-1;
          total_sequence_length () int32 = P+S; logits_index (R,) int64 rows of the S whose logits are wanted;
          attention_bias (1,1,S,P+S) float32, only in graphs built with tree_attention=True;
-         past_key.{i}, past_value.{i} (1, kv_heads, L, head_dim) float32 for each layer i.
+         past_key.{i}, past_value.{i} (1, kv_heads, L, head_dim) float32 (float16: BuildOptions.kv_dtype) for
+         each layer i.
 outputs  logits (R, vocab) float32; present_key.{i}, present_value.{i}: the same buffers as past (bound to the same
          OrtValue, GroupQueryAttention writes the new rows at P..P+S-1 in place).
 
@@ -189,6 +190,9 @@ class BuildOptions:
     # and then the plain matmul before each such node (o_proj, down_proj) runs inside it as its pre-projection
     # (kernels/graph.py: fuse_pre_projections); 59 fewer nodes again for SmolLM2
     fuse_pre_projections: bool = True
+    # The KV cache's element type: "float16" (kernels="edge" only) halves what a step reads of a long context
+    # (edge.Attention widens each row as it reads it); "float32" is GroupQueryAttention's with float32 activations.
+    kv_dtype: str = "float32"
 
 
 @dataclass
@@ -509,6 +513,9 @@ class DecoderBuilder:
     def model(self) -> onnx.ModelProto:
         cfg = self.cfg
         f32, cache = TensorProto.FLOAT, ["batch", cfg.num_kv_heads, "cache_len", cfg.head_dim]
+        from edge.kernels.graph import KV_TYPES
+
+        kv = KV_TYPES[self.opt.kv_dtype]
         inputs = [
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "seq"]),
             helper.make_tensor_value_info("position_ids", TensorProto.INT64, [1, "seq"]),
@@ -522,8 +529,8 @@ class DecoderBuilder:
                    helper.make_tensor_value_info("hidden", f32, ["rows", cfg.hidden_size])]
         for i in range(len(self.kept_layers())):
             for kind in ("key", "value"):
-                inputs.append(helper.make_tensor_value_info(f"past_{kind}.{i}", f32, cache))
-                outputs.append(helper.make_tensor_value_info(f"present_{kind}.{i}", f32, cache))
+                inputs.append(helper.make_tensor_value_info(f"past_{kind}.{i}", kv, cache))
+                outputs.append(helper.make_tensor_value_info(f"present_{kind}.{i}", kv, cache))
         graph = helper.make_graph(self.g.nodes, "edge_decoder", inputs, outputs, self.g.initializers)
         opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
         if self.opt.kernels == "edge":

@@ -118,6 +118,17 @@ def build_options(quant: str, tree_attention: bool, zeros: str | None = None,
     raise ValueError(f"unknown quantization {quant!r}; choose one of {', '.join(QUANT_METHODS)}")
 
 
+def check_kv_dtype(options: BuildOptions) -> None:
+    """A float16 cache needs edge.Attention: GroupQueryAttention keeps its cache in the query's type (float32)."""
+    from edge.kernels.graph import KV_TYPES
+
+    if options.kv_dtype not in KV_TYPES:
+        raise QuantizationError(f"unknown KV cache type {options.kv_dtype!r}; choose one of {', '.join(KV_TYPES)}")
+    if options.kv_dtype != "float32" and options.kernels != "edge":
+        raise QuantizationError(f"--kv-dtype {options.kv_dtype} needs --kernels edge: onnxruntime's "
+                                "GroupQueryAttention keeps the cache in float32 with float32 activations")
+
+
 def table_bits(quant: str, zeros: str | None, embedding_bits: int | None) -> int:
     """Width of the quantized embedding table (and of a tied head that reads it): build_options' and
     calibrated_quantizer's defaults."""
@@ -213,6 +224,7 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
     if build_overrides.get("kernels") == "edge" and "accuracy_level" not in build_overrides:
         build_overrides = {**build_overrides, "accuracy_level": 0}  # edge kernels: exact unless asked
     options = dataclasses.replace(options, **build_overrides)
+    check_kv_dtype(options)
     if head == "gptq":
         options = calibrated_head(imported, options, quant_info, progress)
     cfg = imported.config
@@ -240,7 +252,7 @@ def export_model(source: str | os.PathLike, out_dir: str | os.PathLike, quant: s
             "name": imported.source.get("name") or Path(source).stem,
             "config": cfg.to_dict(),
             "graph": {"file": "model.onnx", "data": "model.onnx.data", "tree_attention": tree_attention,
-                      "kv_dtype": "float32", "custom_ops": ["edge"] if options.kernels == "edge" else [],
+                      "kv_dtype": options.kv_dtype, "custom_ops": ["edge"] if options.kernels == "edge" else [],
                       "accuracy_level": options.accuracy_level, **kernel_features(tmp / "model.onnx"), **graph_extras},
             "quantization": quant_info,
             "tokenizer": {"file": "tokenizer.json", **vars(imported.special_tokens)},

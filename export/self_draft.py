@@ -127,7 +127,8 @@ def package_build_options(package: Package) -> BuildOptions:
                         f"re-creates to share them")
     name = "fp32" if method == "fp32" else "int4"
     options, _ = build_options(name, package.tree_attention)
-    return dataclasses.replace(options, kernels="edge" if "edge" in package.custom_ops else "stock")
+    return dataclasses.replace(options, kernels="edge" if "edge" in package.custom_ops else "stock",
+                               kv_dtype=package.kv_dtype)
 
 
 def memoized(quantizer):

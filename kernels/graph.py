@@ -195,20 +195,26 @@ def qmatmul_model(packed: PackedWeight, x_shape: list[int | str], bias: np.ndarr
 
 
 ATTENTION_OP = "Attention"
+# A package's manifest kv_dtype -> the cache's ONNX element type. float16 needs edge.Attention (the CPU kernel):
+# GroupQueryAttention keeps its cache in the query's type.
+KV_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 ATTENTION_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
                     "cos_cache", "sin_cache", "position_ids", "attention_bias")
 
 
 def attention_model(num_heads: int, kv_heads: int, head_dim: int, packed: bool = True, bias: bool = True,
-                    stock: bool = False, scale: float = 0.0, window: int = 0, qk_norm: bool = False) -> onnx.ModelProto:
+                    stock: bool = False, scale: float = 0.0, window: int = 0, qk_norm: bool = False,
+                    kv_dtype: str = "float32") -> onnx.ModelProto:
     """A one-node model of edge.Attention (stock=True: ORT's GroupQueryAttention, same wiring) with every input fed,
     for tests and the benchmark. Past and present share the names' shapes, so IOBinding can alias them. qk_norm:
-    inputs q_norm and k_norm (edge.Attention only), each head's query and key RMS-normalised inside the op."""
+    inputs q_norm and k_norm (edge.Attention only), each head's query and key RMS-normalised inside the op.
+    kv_dtype "float16": past and present in half (edge.Attention only)."""
     f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+    kv = KV_TYPES[kv_dtype]
     width = (num_heads + 2 * kv_heads) * head_dim if packed else num_heads * head_dim
     cache = [1, kv_heads, "L", head_dim]
     shapes = {"query": (f32, [1, "S", width]), "key": (f32, [1, "S", kv_heads * head_dim]),
-              "value": (f32, [1, "S", kv_heads * head_dim]), "past_key": (f32, cache), "past_value": (f32, cache),
+              "value": (f32, [1, "S", kv_heads * head_dim]), "past_key": (kv, cache), "past_value": (kv, cache),
               "seqlens_k": (i32, [1]), "total_sequence_length": (i32, []), "cos_cache": (f32, ["R", head_dim // 2]),
               "sin_cache": (f32, ["R", head_dim // 2]), "position_ids": (i64, [1, "S"]),
               "attention_bias": (f32, [1, 1, "S", "T"]), "q_norm": (f32, [head_dim]), "k_norm": (f32, [head_dim])}
@@ -226,8 +232,8 @@ def attention_model(num_heads: int, kv_heads: int, head_dim: int, packed: bool =
             helper.make_node(ATTENTION_OP, names, ["output", "present_key", "present_value"], domain=DOMAIN, **attrs))
     inputs = [helper.make_tensor_value_info(n, *shapes[n]) for n in names if n]
     outputs = [helper.make_tensor_value_info("output", f32, [1, "S", num_heads * head_dim]),
-               helper.make_tensor_value_info("present_key", f32, cache),
-               helper.make_tensor_value_info("present_value", f32, cache)]
+               helper.make_tensor_value_info("present_key", kv, cache),
+               helper.make_tensor_value_info("present_value", kv, cache)]
     graph = helper.make_graph([node], "edge_attention", inputs, outputs)
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1), helper.make_opsetid(DOMAIN, 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION)

@@ -332,6 +332,7 @@ class ModelSpec:
     float16_stats: bool = False  # edge.QMatMul layers with float16 (scale, min) per group (estimate_layout)
     embedding_bits: int | None = None  # the table's width when it differs from the linears' (8: a Q8_0 table)
     calibrated_head: bool = False  # the head's own GPTQ weights, float16 scales (estimate_layout)
+    kv_bytes: int = FLOAT32  # bytes of one KV cache element: 2 for a package exported with kv_dtype float16
 
     @property
     def edge_attention(self) -> bool:
@@ -398,7 +399,8 @@ class ModelSpec:
                    int8_activations=_int8_activations(manifest, quant, kernels),
                    fused_mlp=bool(graph.get("fused_mlp", False)),
                    pre_projections=bool(graph.get("pre_projections", False)), float16_stats=float16_stats,
-                   embedding_bits=embedding_bits, calibrated_head=calibrated_head)
+                   embedding_bits=embedding_bits, calibrated_head=calibrated_head,
+                   kv_bytes=2 if graph.get("kv_dtype") == "float16" else FLOAT32)
 
     @classmethod
     def from_package(cls, path: str | Path) -> "ModelSpec":
@@ -704,8 +706,8 @@ class MemoryModel:
         draft = self.draft if plan.uses_draft_model else None
         weights_t = self.weights_target(plan)
         weights_d = resident_weights(draft, plan.context) if draft else 0
-        kv_t = kv_cache_bytes(self.target.config, plan.context)
-        kv_d = kv_cache_bytes(draft.config, plan.context) if draft else 0
+        kv_t = kv_cache_bytes(self.target.config, plan.context, self.target.kv_bytes)
+        kv_d = kv_cache_bytes(draft.config, plan.context, draft.kv_bytes) if draft else 0
         logits = logits_bytes(plan.nodes, self.target.config.vocab_size)
         logits += logits_bytes(1, draft.config.vocab_size) if draft else 0
         tree = tree_buffer_bytes(plan.nodes, plan.context) if plan.speculative else 0

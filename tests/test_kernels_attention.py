@@ -33,7 +33,7 @@ class Attention:
 
     def __init__(self, packed: bool = True, bias: bool = True, stock: bool = False, threads: int = 2,
                  in_place: bool = True, window: int = 0, heads: tuple[int, int, int] = (H, KV, D), capacity: int = L,
-                 norms: tuple[np.ndarray, np.ndarray] | None = None):
+                 norms: tuple[np.ndarray, np.ndarray] | None = None, half: bool = False):
         ensure_library()
         self.H, self.KV, self.D = heads
         self.scale = self.D ** -0.5
@@ -46,14 +46,15 @@ class Attention:
             so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # the CUDA kernel, or an error
             providers = ["CUDAExecutionProvider"]
         model = attention_model(*heads, packed=packed, bias=bias, stock=stock, scale=self.scale, window=window,
-                                qk_norm=norms is not None)
+                                qk_norm=norms is not None, kv_dtype="float16" if half else "float32")
         self.window, self.norms = window, norms
         self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
         self.packed, self.bias, self.in_place = packed, bias, in_place
         rng = np.random.default_rng(1)
         angles = np.outer(np.arange(max(256, capacity)), 1.0 / 10000 ** (np.arange(0, self.D, 2) / self.D))
         self.cos, self.sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
-        self.cache = [rng.standard_normal((1, self.KV, capacity, self.D)).astype(np.float32) for _ in range(2)]
+        dtype = np.float16 if half else np.float32
+        self.cache = [rng.standard_normal((1, self.KV, capacity, self.D)).astype(dtype) for _ in range(2)]
 
     def __call__(self, q, k, v, past: int, positions, bias=None) -> np.ndarray:
         s = q.shape[0]
@@ -145,6 +146,40 @@ def test_matches_float64_reference_and_writes_the_cache_in_place(packed, window,
     np.testing.assert_array_equal(att.cache[0][:, :, past + s:], before[0][:, :, past + s:])  # nothing else touched
 
 
+@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize("past,s,layout,window", [(0, 1, {}, 0), (37, 7, {}, 11), (200, 1, LONG, 0), (200, 9, LONG, 0),
+                                                  (110, 30, LONG, 64)])
+def test_a_float16_cache_is_written_rounded_and_attended_as_read(past, s, layout, window, in_place):
+    """kv_dtype float16: the new values are stored rounded to nearest (numpy's float16 cast), the rotated keys within
+    one float16 step of the float64 rotation, nothing else is touched; the output is the float64 reference over the
+    cache as stored."""
+    att = Attention(half=True, window=window, in_place=in_place, **layout)
+    rng = np.random.default_rng(past + s)
+    q, k, v = rows(rng, s, (att.H, att.KV, att.D))
+    before = [a.copy() for a in att.cache]
+    positions = np.arange(past, past + s)
+    out = att(q, k, v, past, positions)
+    assert att.cache[0].dtype == np.float16
+    _, keys, _ = reference(att, before, q, k, v, past, positions)
+    stored = att.cache[0][0, :, past:past + s].astype(np.float64)
+    assert (np.abs(stored - keys[:, past:]) <= np.spacing(np.abs(keys[:, past:]).astype(np.float16))).all()
+    np.testing.assert_array_equal(att.cache[1][0, :, past:past + s],
+                                  v.reshape(s, att.KV, att.D).transpose(1, 0, 2).astype(np.float16))
+    np.testing.assert_array_equal(att.cache[0][:, :, :past], before[0][:, :, :past])
+    if in_place:  # a present of its own holds only the past carried over and the new rows
+        np.testing.assert_array_equal(att.cache[0][:, :, past + s:], before[0][:, :, past + s:])
+    # The float64 reference over exactly what the kernel stored: the past as it was, the new keys and values as written.
+    keys, vals = (a[0].astype(np.float64) for a in att.cache)
+    qr = rotate(q.reshape(s, att.H, att.D), positions, att.cos, att.sin)
+    for i in range(s):
+        first = max(0, positions[i] - window + 1) if window else 0
+        for h in range(att.H):
+            g = h // (att.H // att.KV)
+            p = np.exp((scores := keys[g, first:past + i + 1] @ qr[i, h] * att.scale) - scores.max())
+            expected = p @ vals[g, first:past + i + 1] / p.sum()
+            np.testing.assert_allclose(out[i, h * att.D:(h + 1) * att.D], expected, rtol=0, atol=2e-6)
+
+
 def test_a_cache_not_bound_in_place_is_copied_then_written():
     att = Attention(in_place=False)
     q, k, v = rows(np.random.default_rng(3), 4)
@@ -172,16 +207,18 @@ def test_close_to_group_query_attention(window):
     np.testing.assert_array_equal(caches[0][1], caches[1][1])
 
 
+@pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("window", [0, 8, 101, 140])
 @pytest.mark.parametrize("past,s,layout", [(50, 9, {}), (200, 9, LONG), (200, 16, LONG), (190, 30, LONG),
                                            (110, 30, LONG)])
-def test_each_row_of_a_chain_equals_the_row_decoded_alone(window, past, s, layout):
+def test_each_row_of_a_chain_equals_the_row_decoded_alone(window, past, s, layout, half):
     """Bitwise: a verify call over S tokens computes what S one-token steps compute. From 128 keys on a row's keys
-    are attended in two halves (attention.h, kSplitKeys): the 110-token past puts the call's rows on both sides."""
+    are attended in two halves (attention.h, kSplitKeys): the 110-token past puts the call's rows on both sides. A
+    float16 cache likewise: each row's keys and values are rounded as they are written, before any row reads them."""
     rng = np.random.default_rng(7)
     q, k, v = rows(rng, s, layout.get("heads", (H, KV, D)))
-    together = Attention(window=window, **layout)
-    alone = Attention(window=window, **layout)
+    together = Attention(window=window, half=half, **layout)
+    alone = Attention(window=window, half=half, **layout)
     out = together(q, k, v, past, np.arange(past, past + s))
     for i in range(s):
         row = alone(q[i:i + 1], k[i:i + 1], v[i:i + 1], past + i, [past + i])
@@ -237,11 +274,12 @@ def test_q_and_k_norms_inside_the_op_equal_them_applied_before_it(packed, heads)
     np.testing.assert_array_equal(inside.cache[0], alone.cache[0])
 
 
+@pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("window", [0, 20])
 # 61: the tree's positions cross a 64-key block; 125: its deeper nodes have 128 keys and more, so they are attended in
 # two halves of their keys, counted from their positions as for the path decoded alone.
 @pytest.mark.parametrize("past,layout", [(44, {}), (61, LONG), (125, LONG), (300, LONG)])
-def test_a_tree_row_equals_its_path_decoded_alone_after_compaction(window, past, layout):
+def test_a_tree_row_equals_its_path_decoded_alone_after_compaction(window, past, layout, half):
     """Nodes of a draft tree attend to the past and their ancestors (the bias masks the rest, by index order); the
     accepted path, decoded one token at a time into a compacted cache, must give its rows bit for bit. A sliding
     window counts back from the node's position (its depth), not its row in the flattened tree."""
@@ -259,11 +297,11 @@ def test_a_tree_row_equals_its_path_decoded_alone_after_compaction(window, past,
             j = parents[j]
     rng = np.random.default_rng(11)
     q, k, v = rows(rng, n, layout.get("heads", (H, KV, D)))
-    tree = Attention(window=window, **layout)
+    tree = Attention(window=window, half=half, **layout)
     start = [a.copy() for a in tree.cache]
     out = tree(q, k, v, past, past + np.array(depth), bias)
     path = [0, 2, 4, 5]
-    alone = Attention(window=window, **layout)
+    alone = Attention(window=window, half=half, **layout)
     alone.cache = start
     for step, node in enumerate(path):
         row = alone(q[node:node + 1], k[node:node + 1], v[node:node + 1], past + step, [past + step])

@@ -14,6 +14,8 @@ def test_buffers_are_allocated_once_at_capacity_and_trim_is_a_length():
     assert cache.length == 4
     with pytest.raises(ValueError):
         cache.trim(5)
+    half = KVCache(imported.config, capacity=32, dtype="float16")  # a package exported with kv_dtype float16
+    assert half.arrays[0].dtype == np.float16 and half.nbytes * 2 == cache.nbytes
 
 
 def test_keep_compacts_accepted_tree_nodes_in_order():

@@ -157,3 +157,49 @@ def test_edge_kernel_exports_fuse_the_mlp_gate_and_say_so(tmp_path):
     ids = [1, 5, 9, 14, 3]
     fused, plain = (Engine(p, threads=1).decoder.prefill(ids) for p in (edge, stock))
     assert max_rel_error(fused, plain) < 1e-4
+
+
+def test_a_float16_kv_cache_is_declared_allocated_and_counted(tmp_path):
+    """kv_dtype float16 (--kernels edge): past and present in half in the graph and in the runtime's cache, logits
+    within half's rounding of the float32 cache's, 2 bytes an element in the memory model; refused where it cannot
+    run (onnxruntime's GroupQueryAttention, a GPU) and where a manifest names a type this edge does not know."""
+    import json
+
+    import onnx
+    from onnx import TensorProto
+
+    from edge.engine import Engine
+    from edge.errors import PackageError
+    from edge.export.quant import QuantizationError
+    from edge.memory.budget import MemoryModel, ModelSpec, Plan
+
+    _, imported = tiny_llama(seed=5)
+    half, full = (pipeline.export_model("tiny", tmp_path / kv, quant="int4", model=imported, kernels="edge",
+                                        head="rtn", kv_dtype=kv) for kv in ("float16", "float32"))
+    assert load_package(half).kv_dtype == "float16" and load_package(full).kv_dtype == "float32"
+    graph = onnx.load(str(half / "model.onnx"), load_external_data=False).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
+    assert types["past_key.0"] == types["present_value.1"] == TensorProto.FLOAT16
+    assert types["logits"] == TensorProto.FLOAT
+    engines = [Engine(p, threads=1) for p in (half, full)]
+    ids = [1, 5, 9, 14, 3, 27, 8, 60, 2, 11]
+    logits = [e.decoder.prefill(ids).copy() for e in engines]
+    assert engines[0].decoder.cache.arrays[0].dtype == np.float16
+    assert engines[0].decoder.cache.nbytes * 2 == engines[1].decoder.cache.nbytes
+    assert 0 < max_rel_error(logits[0], logits[1]) < 1e-2  # rounded, not garbled
+    plan = Plan(context=256)
+    kv = [MemoryModel(ModelSpec.from_package(p)).estimate(plan).kv_target for p in (half, full)]
+    assert kv[0] * 2 == kv[1]
+
+    with pytest.raises(QuantizationError, match="needs --kernels edge"):
+        pipeline.export_model("tiny", tmp_path / "stock", quant="int4", model=imported, kv_dtype="float16")
+    with pytest.raises(QuantizationError, match="unknown KV cache type"):
+        pipeline.export_model("tiny", tmp_path / "bf16", quant="int4", model=imported, kernels="edge",
+                              kv_dtype="bfloat16")
+    with pytest.raises(PackageError, match="CPU only"):
+        Decoder(load_package(half), context_length=32, device="cuda")
+    manifest = json.loads((half / "manifest.json").read_text())
+    manifest["graph"]["kv_dtype"] = "int8"
+    (half / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PackageError, match="'int8' KV cache"):
+        load_package(half)

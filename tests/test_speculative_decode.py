@@ -357,3 +357,44 @@ def test_short_lookup_matches_are_judged_by_how_sure_the_target_was_of_the_root(
     assert short and all(k.endswith(("/sure", "/unsure")) for k in short), keys
     long = keys - short
     assert all(not k.endswith(("/sure", "/unsure")) for k in long), keys
+
+
+def test_a_float16_cache_keeps_greedy_speculation_exact(tmp_path):
+    """A package with its KV cache in half (kv_dtype float16, edge's kernels): each verify row's keys and values are
+    rounded as a 1-token step rounds them, so speculation still emits plain greedy decoding's tokens, and a tree's
+    accepted path compacted into place is bit for bit the cache of decoding it one token at a time."""
+    _, imported = tiny_llama(seed=7, initializer_range=0.3)
+    imported.special_tokens = dataclasses.replace(imported.special_tokens, eos_token_ids=[])
+    half = export_model("tiny", tmp_path / "half", quant="int4", model=imported, kernels="edge", head="rtn",
+                        kv_dtype="float16")
+    engine = Engine(half, context_length=96, threads=1)
+    accepted = 0
+    for prompt in PROMPTS:
+        expected = plain_greedy(half, prompt, 24)
+        for speculator in (Speculator([Oracle(expected, len(prompt))], draft_length=5),
+                           make_speculator("prompt-lookup", engine, draft_length=4)):
+            engine.speculator = speculator
+            engine.reset()
+            got = engine.tokenizer.encode(engine.generate(prompt, max_tokens=24), add_special_tokens=False)
+            assert got == expected, prompt
+            accepted += engine.stats.speculative.accepted
+    assert accepted > len(PROMPTS) * 5
+    prompt = [3, 14, 15, 9, 26, 5]
+    answer = plain_greedy(half, prompt, 5)
+    ref = Decoder(load_package(half), context_length=32, threads=1)
+    for t in prompt + answer[:4]:
+        ref.step([t])
+    tree = Decoder(load_package(half), context_length=32, threads=1)
+    tree.prefill(prompt[:-1])
+    tree.step(prompt[-1:])
+    past = tree.cache.length
+    g1, g2, g3 = answer[1:4]
+    draft = Draft([(g1 + 1) % VOCAB, g1, (g3 + 7) % VOCAB, (g2 + 1) % VOCAB, g2, g3], [ROOT, ROOT, 0, 1, 1, 4])
+    tokens, positions, bias = tree_inputs(past, answer[0], draft)
+    verdict = accept_greedy(draft, tree.step(tokens, positions, list(range(len(tokens))), bias).copy())
+    assert verdict.path == [0, 2, 5, 6]
+    tree.cache.keep(past, verdict.path)
+    n = ref.cache.length
+    assert tree.cache.length == n and tree.cache.arrays[0].dtype == np.float16
+    for a, b in zip(tree.cache.arrays, ref.cache.arrays):
+        np.testing.assert_array_equal(a[:, :, :n], b[:, :, :n])

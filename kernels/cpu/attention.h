@@ -39,6 +39,12 @@ struct AttentionArgs {
   float norm_eps = 0.0f;
   float* kcache = nullptr;  // (KV, L, D), already holding the new rows when rows are attended
   float* vcache = nullptr;
+  // The same in IEEE half (a package exported with kv_dtype float16; kcache and vcache are then null): a long
+  // context's keys and values are read every step, 92 MB at 2,000 tokens of SmolLM2 in float32, more than its int4
+  // weights, so half the bytes is most of a long-context step's attention. Rows are widened to float32 as they are
+  // read, and the arithmetic after is the float32 cache's, so rows stay independent of the call's size.
+  uint16_t* kcache16 = nullptr;
+  uint16_t* vcache16 = nullptr;
   float* out = nullptr;  // (S, H * D)
   // Which half of a long row's keys a task attends (first_half), and where each (half, row, head) leaves its
   // softmax's maximum and sum for the merge; null: no row of the call is split.
@@ -100,19 +106,29 @@ inline void rotate_head(const float* x, const float* weight, float eps, int64_t 
   rotate_half(x, cos, sin, D / 2, out);
 }
 
+// The cache's element type T (float, or uint16_t for IEEE half) in the (KV, L, D) buffer.
+template <class T>
+T* cache_of(const AttentionArgs& a, bool values);
+template <>
+inline float* cache_of<float>(const AttentionArgs& a, bool values) { return values ? a.vcache : a.kcache; }
+template <>
+inline uint16_t* cache_of<uint16_t>(const AttentionArgs& a, bool values) { return values ? a.vcache16 : a.kcache16; }
+
 // What one (row, head) task reads and writes: the query rotated into `q` (head_dim floats), the keys it sees (its kv
 // head's visible_keys, or the half of them `a.key_half` names), their values and bias (or null), and its output slice.
 // Pointers are offset to `first`: index 0 is key `first`. A row not split has no second half (n = 0).
+template <class T = float>
 struct RowTask {
-  const float* keys;
-  const float* values;
+  const T* keys;
+  const T* values;
   const float* bias;
   int64_t n;
   float* out;
   int64_t first;  // the cache row of key 0
 };
 
-inline RowTask row_task(const AttentionArgs& a, int64_t s, int64_t h, float* q) {
+template <class T = float>
+inline RowTask<T> row_task(const AttentionArgs& a, int64_t s, int64_t h, float* q) {
   const int64_t D = a.D, half = D / 2, pos = a.positions[s], g = h / (a.H / a.KV);
   rotate_head(a.q + s * a.q_stride + h * D, a.q_norm, a.norm_eps, D, a.cos + pos * half, a.sin + pos * half, q);
   int64_t n = 0, first = visible_keys(a, s, n);
@@ -124,8 +140,8 @@ inline RowTask row_task(const AttentionArgs& a, int64_t s, int64_t h, float* q) 
     n -= head;
   }
   const float* bias = a.bias != nullptr ? a.bias + s * (a.P + a.S) + first : nullptr;
-  return {a.kcache + (g * a.L + first) * D, a.vcache + (g * a.L + first) * D, bias, n, a.out + s * a.H * D + h * D,
-          first};
+  return {cache_of<T>(a, false) + (g * a.L + first) * D, cache_of<T>(a, true) + (g * a.L + first) * D, bias, n,
+          a.out + s * a.H * D + h * D, first};
 }
 
 // Query heads that share a kv head see the same keys, values and bias, so one task attends `count` of them for one
@@ -160,5 +176,12 @@ void attend_avx512(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, i
 
 // The kernel this process uses (the same ISA choice as edge.QMatMul's; AVX-512 needs D % 16 == 0, AVX2 D % 8 == 0).
 AttendFn select_attend_fn(int64_t head_dim);
+
+// n floats rounded to IEEE half, to nearest even (float_to_half's bits; F16C where the AVX2 kernels run): a half
+// cache's new rows, 11,520 values a 1-token step of SmolLM2, which float_to_half one at a time made ~3% of it.
+using NarrowFn = void (*)(const float* in, int64_t n, uint16_t* out);
+void narrow_portable(const float* in, int64_t n, uint16_t* out);
+void narrow_avx2(const float* in, int64_t n, uint16_t* out);
+NarrowFn select_narrow_fn();
 
 }  // namespace edge

@@ -27,6 +27,13 @@ inline __m512 load_once(const float* p) {
   return v;
 }
 
+// 16 elements of a half cache widened to float32 (exact), into a register likewise.
+inline __m512 load_once(const uint16_t* p) {
+  __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  __asm__("" : "+v"(v));
+  return v;
+}
+
 // Which key of a group of 8 each of dot8's slots holds: fold8 leaves slots 0, 2, 4, 6, 1, 3, 5, 7 in lanes 0-7, so
 // lane j holds key j.
 constexpr int kSlotKey[8] = {0, 4, 1, 5, 2, 6, 3, 7};
@@ -58,8 +65,8 @@ inline __m256 fold8(const __m512 v[8]) {
 
 // Q queries against 8 keys (D a multiple of 16), key j's dot product with query i in lane j of out[i]: per query
 // and key one FMA chain over D in order, then fold8's tree, the same for every key whatever its slot and Q.
-template <int Q>
-void dot8(const float* const q[], const float* const keys[8], int64_t D, __m256 out[]) {
+template <int Q, class T>
+void dot8(const float* const q[], const T* const keys[8], int64_t D, __m256 out[]) {
   __m512 acc[Q][8];
   for (int i = 0; i < Q; ++i)
     for (int j = 0; j < 8; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -78,8 +85,8 @@ void dot8(const float* const q[], const float* const keys[8], int64_t D, __m256 
 // becomes the larger of itself and their maximum. A last group of fewer than 8 keys repeats key k1-1 in its empty
 // slots (the same score, so no other maximum) and stores only its live lanes. A key's score is the same in any
 // slot, so splitting the keys into ranges changes no score.
-template <int Q>
-void score_keys8(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[], float top[],
+template <int Q, class T>
+void score_keys8(const float* const q[], const RowTask<T>& r, int64_t D, float scale, float* const scores[], float top[],
                  Ahead ahead, int64_t k0, int64_t k1) {
   const __m256 vscale = _mm256_set1_ps(scale);
   __m256 vtop[Q];
@@ -88,7 +95,7 @@ void score_keys8(const float* const q[], const RowTask& r, int64_t D, float scal
     if (ahead.distance > 0 && t + ahead.distance + 8 <= ahead.limit)
       prefetch_rows(r.keys + (t + ahead.distance) * D, D, 8);
     const int64_t live = std::min<int64_t>(8, k1 - t);
-    const float* keys[8];
+    const T* keys[8];
     for (int i = 0; i < 8; ++i) keys[i] = r.keys + (t + std::min<int64_t>(kSlotKey[i], live - 1)) * D;
     __m256 bias = _mm256_setzero_ps();
     if (r.bias != nullptr && live == 8) bias = _mm256_loadu_ps(r.bias + t);
@@ -98,7 +105,7 @@ void score_keys8(const float* const q[], const RowTask& r, int64_t D, float scal
       bias = _mm256_load_ps(b);
     }
     __m256 v[Q];
-    dot8<Q>(q, keys, D, v);
+    dot8<Q, T>(q, keys, D, v);
     const __mmask16 store = static_cast<__mmask16>((1u << live) - 1);
     for (int i = 0; i < Q; ++i) {
       v[i] = _mm256_mul_ps(v[i], vscale);
@@ -131,8 +138,8 @@ void exponentials(float* scores, int64_t n, float top) {
 // vector. Adds w_i[k] in key order to sum[i], in a local copy: `sum` may alias w or out for all the compiler knows,
 // so summing into it stored and reloaded each head's sum at every key, a chain of ~10 cycles a key through memory
 // (perf: the weighted sums ran at that pace instead of their FMAs'). The same additions, so the same bits.
-template <int Q, int W>
-void weighted_block(const float* const w[], const float* values, int64_t D, int64_t d0, int64_t k0, int64_t k1,
+template <int Q, int W, class T>
+void weighted_block(const float* const w[], const T* values, int64_t D, int64_t d0, int64_t k0, int64_t k1,
                     float* const out[], float sum[], Ahead ahead) {
   __m512 acc[Q][W];
   float total[Q];
@@ -161,26 +168,30 @@ void weighted_block(const float* const w[], const float* values, int64_t D, int6
 // out_i[0..D) += sum over keys k0..k1 of w_i[k] * values[k] for the Q heads at once (their chains interleave, which
 // one head's 4 accumulators for 64 dims could not: each waits on the FMA before it), keys in order, 64 dims per
 // pass, then 16. Adds w_i[k] in key order to sum[i].
-template <int Q>
-void weighted_values(const float* const w[], const float* values, int64_t D, int64_t k0, int64_t k1,
+template <int Q, class T>
+void weighted_values(const float* const w[], const T* values, int64_t D, int64_t k0, int64_t k1,
                      float* const out[], float sum[], Ahead ahead) {
   int64_t d0 = 0;
-  for (; d0 + 64 <= D; d0 += 64) weighted_block<Q, 4>(w, values, D, d0, k0, k1, out, sum, ahead);
-  for (; d0 < D; d0 += 16) weighted_block<Q, 1>(w, values, D, d0, k0, k1, out, sum, ahead);
+  for (; d0 + 64 <= D; d0 += 64) weighted_block<Q, 4, T>(w, values, D, d0, k0, k1, out, sum, ahead);
+  for (; d0 < D; d0 += 16) weighted_block<Q, 1, T>(w, values, D, d0, k0, k1, out, sum, ahead);
 }
 
 // attend_rows' kernel (attention_x86.h) with 16-lane vectors.
 struct Avx512 {
-  template <int Q>
-  static void score(const float* const q[], const RowTask& r, int64_t D, float scale, float* const scores[],
+  template <int Q, class T>
+  static void score(const float* const q[], const RowTask<T>& r, int64_t D, float scale, float* const scores[],
                     float top[], Ahead ahead, int64_t k0, int64_t k1) {
-    score_keys8<Q>(q, r, D, scale, scores, top, ahead, k0, k1);
+    score_keys8<Q, T>(q, r, D, scale, scores, top, ahead, k0, k1);
   }
   static void exponentials(float* scores, int64_t n, float top) { edge::exponentials(scores, n, top); }
-  template <int Q>
-  static void weigh(const float* const w[], const float* values, int64_t D, int64_t k0, int64_t k1,
+  template <int Q, class T>
+  static void weigh(const float* const w[], const T* values, int64_t D, int64_t k0, int64_t k1,
                     float* const out[], float sum[], Ahead ahead) {
-    weighted_values<Q>(w, values, D, k0, k1, out, sum, ahead);
+    weighted_values<Q, T>(w, values, D, k0, k1, out, sum, ahead);
+  }
+  static void widen(const uint16_t* half, int64_t n, float* out) {  // n a multiple of 16 (D is)
+    for (int64_t i = 0; i < n; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + i))));
   }
   static void scale(float* out, int64_t D, float inv) {
     const __m512 v = _mm512_set1_ps(inv);

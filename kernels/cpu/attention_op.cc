@@ -15,10 +15,12 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attention.h"
 #include "ort_api.h"
+#include "qmatmul.h"
 
 namespace edge {
 
@@ -33,6 +35,11 @@ int input_type(const OrtCustomOp*, size_t index) {
     default: return kOrtFloat;
   }
 }
+// The registration for a float16 KV cache: past and present in half, everything else as above.
+int input_type_half_cache(const OrtCustomOp* op, size_t index) {
+  return index == 3 || index == 4 ? kOrtFloat16 : input_type(op, index);
+}
+int output_type_half_cache(const OrtCustomOp*, size_t index) { return index == 0 ? kOrtFloat : kOrtFloat16; }
 size_t input_count(const OrtCustomOp*) { return kInputs; }
 size_t output_count(const OrtCustomOp*) { return 3; }
 int input_characteristic(const OrtCustomOp*, size_t index) {
@@ -92,8 +99,10 @@ std::string shape_text(const std::vector<int64_t>& dims) {
 // Check the inputs against each other and fill everything but the cache and output pointers. position_ids are
 // range-checked only when they are in host memory (the CUDA kernel clamps them instead).
 std::string bind(const AttentionKernel& k, const TensorView* in, AttentionArgs& a, bool host_positions) {
-  for (size_t i : {0, 3, 4, 7, 8})
+  for (size_t i : {0, 7, 8})
     if (in[i].type != kOrtFloat) return "input " + std::to_string(i) + " must be float32";
+  if (in[3].type != in[4].type || (in[3].type != kOrtFloat && in[3].type != kOrtFloat16))
+    return "past_key and past_value must both be float32 or both float16";
   if (in[5].type != kOrtInt32 || in[6].type != kOrtInt32) return "seqlens_k and total_sequence_length must be int32";
   if (in[9].type != kOrtInt64) return "position_ids must be int64";
   const TensorView& past = in[3];
@@ -176,44 +185,61 @@ OrtStatus* prepare_attention(const AttentionKernel& k, OrtKernelContext* ctx, Te
   void* data = nullptr;
   if (OrtStatus* st = g_ort.GetTensorMutableData(out, &data)) return st;
   a.out = static_cast<float*>(data);
-  float* present[2] = {nullptr, nullptr};
+  void* present[2] = {nullptr, nullptr};
   for (int i = 0; i < 2; ++i) {
     OrtValue* value = nullptr;
     if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 1 + i, in[3].dims.data(), 4, &value)) return st;
-    void* cache = nullptr;
-    if (OrtStatus* st = g_ort.GetTensorMutableData(value, &cache)) return st;
-    present[i] = static_cast<float*>(cache);
+    if (OrtStatus* st = g_ort.GetTensorMutableData(value, &present[i])) return st;
   }
-  a.kcache = present[0];
-  a.vcache = present[1];
+  if (in[3].type == kOrtFloat16) {
+    a.kcache16 = static_cast<uint16_t*>(present[0]);
+    a.vcache16 = static_cast<uint16_t*>(present[1]);
+  } else {
+    a.kcache = static_cast<float*>(present[0]);
+    a.vcache = static_cast<float*>(present[1]);
+  }
   return nullptr;
 }
 
 CustomOpSpec attention_spec(const char* (*provider)(const OrtCustomOp*), OrtStatus* (*compute)(void*, OrtKernelContext*),
-                            void (*compute_v1)(void*, OrtKernelContext*), int (*input_memory)(const OrtCustomOp*, size_t)) {
-  return {[](const OrtCustomOp*) { return "Attention"; }, provider, input_type, input_count, output_count,
-          input_characteristic, create_attention_kernel, destroy_attention_kernel, compute, compute_v1, input_memory};
+                            void (*compute_v1)(void*, OrtKernelContext*), int (*input_memory)(const OrtCustomOp*, size_t),
+                            bool half_cache) {
+  return {[](const OrtCustomOp*) { return "Attention"; }, provider, half_cache ? input_type_half_cache : input_type,
+          input_count, output_count, input_characteristic, create_attention_kernel, destroy_attention_kernel, compute,
+          compute_v1, input_memory, half_cache ? output_type_half_cache : nullptr};
 }
 
 namespace {
 
-// present = past with the S new rows (keys rotated) written at P .. P+S-1.
+// present = past with the S new rows (keys rotated) written at P .. P+S-1. A half cache gets each row rounded to
+// nearest even (NarrowFn), the same bits whichever kernel reads it and however many rows the call writes.
+template <class T>
 void write_cache(const TensorView* in, AttentionArgs& a) {
-  float* present[2] = {a.kcache, a.vcache};
+  T* present[2] = {cache_of<T>(a, false), cache_of<T>(a, true)};
   for (int i = 0; i < 2; ++i) {
-    const auto* past = static_cast<const float*>(in[3 + i].data);
+    const auto* past = static_cast<const T*>(in[3 + i].data);
     if (present[i] != past)  // not bound in place: carry the past over
       for (int64_t g = 0; g < a.KV; ++g)
-        std::memcpy(present[i] + g * a.L * a.D, past + g * a.L * a.D, sizeof(float) * a.P * a.D);
+        std::memcpy(present[i] + g * a.L * a.D, past + g * a.L * a.D, sizeof(T) * a.P * a.D);
   }
   const int64_t half = a.D / 2;
+  static const NarrowFn narrow = select_narrow_fn();
+  thread_local std::vector<float> key;
+  key.resize(static_cast<size_t>(a.D));
   for (int64_t s = 0; s < a.S; ++s) {
     const int64_t pos = a.positions[s];
     for (int64_t g = 0; g < a.KV; ++g) {
-      float* key = a.kcache + (g * a.L + a.P + s) * a.D;
+      const int64_t row = (g * a.L + a.P + s) * a.D;
+      const float* value = a.v + s * a.kv_stride + g * a.D;
+      float* rotated = std::is_same_v<T, float> ? reinterpret_cast<float*>(present[0] + row) : key.data();
       rotate_head(a.k + s * a.kv_stride + g * a.D, a.k_norm, a.norm_eps, a.D, a.cos + pos * half,
-                  a.sin + pos * half, key);
-      std::memcpy(a.vcache + (g * a.L + a.P + s) * a.D, a.v + s * a.kv_stride + g * a.D, sizeof(float) * a.D);
+                  a.sin + pos * half, rotated);
+      if constexpr (std::is_same_v<T, float>) {
+        std::memcpy(present[1] + row, value, sizeof(float) * a.D);
+      } else {
+        narrow(rotated, a.D, present[0] + row);
+        narrow(value, a.D, present[1] + row);
+      }
     }
   }
 }
@@ -298,7 +324,8 @@ OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   TensorView in[kInputs];
   AttentionArgs a;
   if (OrtStatus* st = prepare_attention(*static_cast<const AttentionKernel*>(kernel), ctx, in, a, true)) return st;
-  write_cache(in, a);
+  if (a.kcache16 != nullptr) write_cache<uint16_t>(in, a);
+  else write_cache<float>(in, a);
   if (a.S == 0) return nullptr;
   const int64_t rows = rows_per_task(a);
   const int64_t halves = splits_rows(a) ? 2 : 1;
@@ -326,10 +353,11 @@ OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
 }
 
 // ORT keeps the pointer for the life of every session.
-OrtCustomOp g_op = make_custom_op(attention_spec(cpu_provider, compute, compute_v1<compute>, nullptr));
+OrtCustomOp g_op = make_custom_op(attention_spec(cpu_provider, compute, compute_v1<compute>, nullptr, false));
+OrtCustomOp g_op_half_cache = make_custom_op(attention_spec(cpu_provider, compute, compute_v1<compute>, nullptr, true));
 
 }  // namespace
 
-const OrtCustomOp* cpu_attention_op() { return &g_op; }
+const OrtCustomOp* cpu_attention_op(bool half_cache) { return half_cache ? &g_op_half_cache : &g_op; }
 
 }  // namespace edge

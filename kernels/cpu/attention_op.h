@@ -28,12 +28,15 @@ void destroy_attention_kernel(void* kernel);
 OrtStatus* prepare_attention(const AttentionKernel& k, OrtKernelContext* ctx, TensorView* in, AttentionArgs& a,
                              bool host_positions);
 
-// The op's spec for make_custom_op, on the given provider.
+// The op's spec for make_custom_op, on the given provider. half_cache: the registration whose past and present are
+// float16 (kcache16/vcache16), beside the float32 one: onnxruntime merges same-named ops' type constraints.
 CustomOpSpec attention_spec(const char* (*provider)(const OrtCustomOp*), OrtStatus* (*compute)(void*, OrtKernelContext*),
-                            void (*compute_v1)(void*, OrtKernelContext*), int (*input_memory)(const OrtCustomOp*, size_t));
+                            void (*compute_v1)(void*, OrtKernelContext*), int (*input_memory)(const OrtCustomOp*, size_t),
+                            bool half_cache = false);
 
-// edge.Attention on the CPU execution provider (version 17 OrtCustomOp, static storage).
-const OrtCustomOp* cpu_attention_op();
+// edge.Attention on the CPU execution provider (version 17 OrtCustomOp, static storage), for a float32 or a float16
+// KV cache.
+const OrtCustomOp* cpu_attention_op(bool half_cache);
 
 #ifdef EDGE_WITH_CUDA
 // The same op on the CUDAExecutionProvider (cuda/attention_cuda_op.cc).

@@ -388,7 +388,8 @@ OrtStatus* add_ops(OrtSessionOptions* options) {
   if (OrtStatus* st = g_ort.CreateCustomOpDomain("edge", &domain)) return st;
   OrtStatus* st = g_ort.CustomOpDomain_Add(domain, &g_cpu_op);
   if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, &g_cpu_op_f16);
-  if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cpu_attention_op());
+  if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cpu_attention_op(false));
+  if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cpu_attention_op(true));
 #ifdef EDGE_WITH_CUDA
   if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cuda_op(false));
   if (st == nullptr) st = g_ort.CustomOpDomain_Add(domain, cuda_op(true));
