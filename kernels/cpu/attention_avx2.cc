@@ -103,9 +103,6 @@ struct Avx2 {
                     float* const out[], float sum[], Ahead ahead) {
     for (int i = 0; i < Q; ++i) sum[i] = weighted_values(w[i], values, D, k0, k1, out[i], sum[i], i ? Ahead{} : ahead);
   }
-  static void widen(const uint16_t* half, int64_t n, float* out) {  // n a multiple of 8 (D is)
-    for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, load8(half + i));
-  }
   static void scale(float* out, int64_t D, float inv) {
     const __m256 v = _mm256_set1_ps(inv);
     for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), v));

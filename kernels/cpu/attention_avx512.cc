@@ -192,10 +192,6 @@ struct Avx512 {
                     float* const out[], float sum[], Ahead ahead) {
     weighted_values<Q, T>(w, values, D, k0, k1, out, sum, ahead);
   }
-  static void widen(const uint16_t* half, int64_t n, float* out) {  // n a multiple of 16 (D is)
-    for (int64_t i = 0; i < n; i += 16)
-      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + i))));
-  }
   static void scale(float* out, int64_t D, float inv) {
     const __m512 v = _mm512_set1_ps(inv);
     for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(out + d), v));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "qmatmul.h"  // widen_halves_avx2
 
 namespace edge {
 namespace {
@@ -107,8 +108,7 @@ void score_keys(const float* const q[], const RowTask<T>& r, int64_t D, float sc
 // exponentials against the same maximum, each weighted sum one FMA chain over the keys in order (a chain split at a
 // block boundary goes on from the stored accumulator), so how rows are grouped into tasks changes no bit.
 // K is the instruction set's kernel: K::score<Q> (scores of a key range), K::exponentials, K::weigh<Q> (weighted
-// sums of a key range), K::scale (out *= inv) and K::widen (half to float32), in attention_avx2.cc and
-// attention_avx512.cc.
+// sums of a key range) and K::scale (out *= inv), in attention_avx2.cc and attention_avx512.cc.
 template <int Q, class K, class T>
 void attend_rows(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, float* scratch) {
   const int64_t D = a.D, rows = s1 - s0, width = a.P + a.S;
@@ -151,7 +151,7 @@ void attend_rows(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, flo
     const int64_t from = std::max(b, lo), to = std::min(b + block, hi);
     wide.resize(static_cast<size_t>(block * D));
     if (to < hi) prefetch_rows(base + to * D, D, std::min(block, hi - to));  // the next block, while this widens
-    K::widen(base + from * D, (to - from) * D, wide.data() + (from - b) * D);
+    widen_halves_avx2(base + from * D, (to - from) * D, wide.data() + (from - b) * D);
   };
   const auto view = [&](const RowTask<T>& row, int64_t b, int64_t k0, int64_t k1) {
     const int64_t from = row.first + k0;
