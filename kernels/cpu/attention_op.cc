@@ -2,7 +2,7 @@
 // the exporter swaps the op type and keeps the wiring (attributes num_heads, kv_num_heads, scale, local_window_size;
 // do_rotary must be 1, rotary halves not interleaved, no softcap):
 //   0 query  float32 (1, S, (H + 2 KV) D) packed, or (1, S, H D) with 1 key and 2 value (1, S, KV D)
-//   3 past_key, 4 past_value  float32 (1, KV, L, D)   5 seqlens_k int32 (1,) = P + S - 1
+//   3 past_key, 4 past_value  float32, or both float16 (1, KV, L, D)   5 seqlens_k int32 (1,) = P + S - 1
 //   6 total_sequence_length int32 scalar = P + S      7 cos_cache, 8 sin_cache float32 (positions, D / 2)
 //   9 position_ids int64 (1, S)                        10 attention_bias float32 (1, 1, S, P + S), optional
 //   11 q_norm, 12 k_norm float32 (head_dim,), optional, together (attribute qk_norm_epsilon, default 1e-6): each
@@ -20,7 +20,6 @@
 
 #include "attention.h"
 #include "ort_api.h"
-#include "qmatmul.h"
 
 namespace edge {
 
