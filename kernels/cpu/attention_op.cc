@@ -222,21 +222,21 @@ void write_cache(const TensorView* in, AttentionArgs& a) {
         std::memcpy(present[i] + g * a.L * a.D, past + g * a.L * a.D, sizeof(T) * a.P * a.D);
   }
   const int64_t half = a.D / 2;
-  static const NarrowFn narrow = select_narrow_fn();
-  thread_local std::vector<float> key;
-  key.resize(static_cast<size_t>(a.D));
   for (int64_t s = 0; s < a.S; ++s) {
     const int64_t pos = a.positions[s];
     for (int64_t g = 0; g < a.KV; ++g) {
       const int64_t row = (g * a.L + a.P + s) * a.D;
+      const float* key = a.k + s * a.kv_stride + g * a.D;
       const float* value = a.v + s * a.kv_stride + g * a.D;
-      float* rotated = std::is_same_v<T, float> ? reinterpret_cast<float*>(present[0] + row) : key.data();
-      rotate_head(a.k + s * a.kv_stride + g * a.D, a.k_norm, a.norm_eps, a.D, a.cos + pos * half,
-                  a.sin + pos * half, rotated);
       if constexpr (std::is_same_v<T, float>) {
+        rotate_head(key, a.k_norm, a.norm_eps, a.D, a.cos + pos * half, a.sin + pos * half, present[0] + row);
         std::memcpy(present[1] + row, value, sizeof(float) * a.D);
       } else {
-        narrow(rotated, a.D, present[0] + row);
+        static const NarrowFn narrow = select_narrow_fn();
+        thread_local std::vector<float> rotated;
+        rotated.resize(static_cast<size_t>(a.D));
+        rotate_head(key, a.k_norm, a.norm_eps, a.D, a.cos + pos * half, a.sin + pos * half, rotated.data());
+        narrow(rotated.data(), a.D, present[0] + row);
         narrow(value, a.D, present[1] + row);
       }
     }
