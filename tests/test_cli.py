@@ -31,6 +31,12 @@ def test_export_a_hugging_face_folder(hf_folder, tmp_path, capsys):
     assert (tmp_path / "out" / "manifest.json").exists()
     assert export_cli.main([str(hf_folder), "-o", str(tmp_path / "out")]) == 2  # exists, no --force
     assert "--force" in capsys.readouterr().err
+    # a float16 KV cache needs edge.Attention, and resident layers
+    assert export_cli.main([str(hf_folder), "-o", str(tmp_path / "h"), "--kv-dtype", "float16"]) == 2
+    assert "needs --kernels edge" in capsys.readouterr().err
+    assert export_cli.main([str(hf_folder), "-o", str(tmp_path / "h"), "--quant", "fp32", "--paged",
+                            "--kv-dtype", "float16"]) == 2
+    assert "--paged" in capsys.readouterr().err and not (tmp_path / "h").exists()
 
 
 def test_export_of_a_foreign_file_fails_cleanly(tmp_path, capsys):
