@@ -39,6 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int_at_least(2),
                    help="cap on the context length (at least 2: a prompt token and a generated one)")
     p.add_argument("--threads", type=int_at_least(1))
+    p.add_argument("--kv-dtype", choices=["float32", "float16"],
+                   help="KV cache type (default: the package's), as edge-run --kv-dtype: float16 halves the cache")
     p.add_argument("--chart", help="write the charts to this .html or .png file")
     p.add_argument("--list", action="store_true", help="list the device profiles and exit")
     return p
@@ -201,6 +203,9 @@ def profile(args, recorder) -> None:
     root = resolve_package_dir(resolve(args.model)) if args.model else _default_package()
     manifest = json.loads((root / "manifest.json").read_text())
     package = Package(root, manifest)  # the manifest alone: planning precedes loading, as in the Engine
+    if args.kv_dtype is not None:
+        package = package.with_kv_dtype(args.kv_dtype)
+        manifest = package.manifest
     draft = None
     if args.draft:
         draft_root = resolve_package_dir(resolve(args.draft))
@@ -227,8 +232,8 @@ def profile(args, recorder) -> None:
     print(describe, flush=True)
 
     with recorder.phase("session"):
-        engine = Engine(root, context_length=args.context,
-                        threads=args.threads, speculator=str(draft.root) if draft else None,
+        engine = Engine(root, context_length=args.context, threads=args.threads, kv_dtype=args.kv_dtype,
+                        speculator=str(draft.root) if draft else None,
                         **({"budget": budget, "profile": args.profile} if budget is not None else {}))
     ids = fill_prompt(engine.tokenizer, min(prompt_len, engine.context_length - 1))
     with recorder.phase("prefill"):

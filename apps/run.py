@@ -38,6 +38,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="device profile name (see edge-profile --list): its memory is the budget")
     p.add_argument("--on-full", choices=["error", "slide"], default="error",
                    help="a chat that fills the context: stop with an error (default) or drop the oldest turns")
+    p.add_argument("--kv-dtype", choices=["float32", "float16"],
+                   help="KV cache type (default: the package's): float16 halves the cache's memory and speeds long "
+                        "chats on the CPU (1-token steps 25%% faster at 2,000 tokens of SmolLM2; +0.35%% "
+                        "perplexity); packages exported with edge's kernels, float16 on the CPU only")
     p.add_argument("--threads", type=int_at_least(1))
     p.add_argument("--draft", metavar="DRAFTER",
                    help="speculative decoding: prompt-lookup, recycling, lookup+recycling, head (the package's trained "
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                                   top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), truncate=args.truncate,
                                   on_full=args.on_full)
         engine = Engine(model, device=args.device, context_length=args.context, threads=args.threads,
-                        **budget_options(args), **draft_options(args))
+                        kv_dtype=args.kv_dtype, **budget_options(args), **draft_options(args))
         if engine.speculator is not None and args.draft_length is not None:
             engine.speculator.draft_length = args.draft_length
         if args.chat or (prompt is None and sys.stdin.isatty()):

@@ -37,6 +37,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--budget", help="memory budget (e.g. 2GiB, 512MB): the context and buffers are planned to fit")
     p.add_argument("--profile", help="device profile name (see edge-profile --list): its memory is the budget")
+    p.add_argument("--kv-dtype", choices=["float32", "float16"],
+                   help="KV cache type (default: the package's): float16 halves the cache's memory and speeds long "
+                        "chats on the CPU (1-token steps 25%% faster at 2,000 tokens of SmolLM2; +0.35%% "
+                        "perplexity); packages exported with edge's kernels, float16 on the CPU only")
     p.add_argument("--threads", type=int_at_least(1))
     p.add_argument("--on-full", choices=["error", "slide"], default="error",
                    help="a conversation longer than the context: refuse it (default, as OpenAI does) or drop its "
@@ -76,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         planned = args.budget is not None or args.profile is not None
         slots = args.prefix_slots if args.prefix_slots is not None else (0 if planned or args.device != "cpu" else 4)
         engine = Engine(args.model, device=args.device, context_length=args.context, threads=args.threads,
-                        prefix_slots=slots, **budget_options(args), **draft_options(args))
+                        kv_dtype=args.kv_dtype, prefix_slots=slots, **budget_options(args), **draft_options(args))
         server = make_server(engine, args.host, args.port, args.model_name, args.api_key, args.on_full,
                              tuple(args.allow_origin))
         warm_up(engine)

@@ -38,17 +38,6 @@ def conversation(encode, past: int) -> list[dict]:
         messages += turn
 
 
-def half_cache_package() -> Path:
-    """The default export with a float16 KV cache, made once into the edge cache."""
-    from edge.default_model import EXPORTS, cache_dir, default_gguf, package_dir
-    from edge.export.pipeline import export_model
-
-    target = cache_dir() / "bench" / f"{package_dir('int4-edge').name}-kv16"
-    if not (target / "manifest.json").exists():
-        export_model(default_gguf(), target, overwrite=True, **EXPORTS["int4-edge"], kv_dtype="float16")
-    return target
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pasts", type=int, nargs="+", default=[200, 1000, 2000])
@@ -69,7 +58,8 @@ def main() -> None:
              for n in sorted({1, args.threads})}
     engines = {"edge, float32 cache": Engine(default_package("int4-edge"), threads=args.threads,
                                              context_length=context),
-               "edge, float16 cache": Engine(half_cache_package(), threads=args.threads, context_length=context)}
+               "edge, float16 cache": Engine(default_package("int4-edge"), threads=args.threads,
+                                             context_length=context, kv_dtype="float16")}  # edge-run --kv-dtype
     auto = {name: make_speculator("auto", engine) for name, engine in engines.items()}
     for spec, engine in zip(auto.values(), engines.values()):
         spec.prepare(engine.decoder)

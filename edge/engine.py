@@ -90,12 +90,13 @@ class Engine:
     def __init__(self, model: str | Path | Package | None = None, device: str = "cpu",
                  context_length: int | None = None, threads: int | None = None, verify: bool = True,
                  speculator: Speculator | str | None = None, budget: int | str | None = None,
-                 profile: str | None = None, prefix_slots: int = 0):
+                 profile: str | None = None, prefix_slots: int = 0, kv_dtype: str | None = None):
         """`budget` (bytes, '2GiB' or a device profile name; `profile` names the device for a size) plans the run
         before anything is allocated: the KV cache, the prefill chunk and the draft model then come from the plan
         (`self.plan`), `context_length` caps the planned context, and a budget under the model's lower bound
         raises BudgetError naming both. `prefix_slots` > 0 keeps that many other conversations' cached prefixes
-        (edge.prefix_store; CPU, no budget) for a server whose clients take turns."""
+        (edge.prefix_store; CPU, no budget) for a server whose clients take turns. `kv_dtype` ("float32" or
+        "float16"; None: the package's) keeps the KV cache in that type (Package.with_kv_dtype)."""
         if model is None:
             from edge.default_model import default_package, default_quant
 
@@ -105,6 +106,8 @@ class Engine:
 
             model = resolve(model, device)  # a GGUF file or a Hugging Face folder: exported once into the cache
         self.package = model if isinstance(model, Package) else load_package(model, verify=verify)
+        if kv_dtype is not None:
+            self.package = self.package.with_kv_dtype(kv_dtype)
         self.plan = self._make_plan(budget, profile, context_length, speculator, device)  # before any buffer
         self.prefill_chunk = self.plan.prefill_chunk if self.plan else DEFAULT_PREFILL_CHUNK
         if self.plan is not None:

@@ -140,8 +140,9 @@ class Decoder:
         self.context_length = min(context_length or self.config.max_context, self.config.max_context)
         if package.kv_dtype != "float32" and device != "cpu":
             raise PackageError(f"{package.root} keeps its KV cache in {package.kv_dtype}, which edge.Attention "
-                               f"runs on the CPU only; use --device cpu, or re-export it without --kv-dtype")
-        self.session = create_session(package.graph_path, device, threads, package.custom_ops, spin)
+                               f"runs on the CPU only; use --device cpu, or run it with --kv-dtype float32")
+        retype = package.kv_dtype if package.kv_dtype != package.graph_kv_dtype else None  # Package.with_kv_dtype
+        self.session = create_session(package.graph_path, device, threads, package.custom_ops, spin, retype)
         self.cache = KVCache(self.config, self.context_length, device, package.kv_dtype)
         self.tree_attention = package.tree_attention
         self.max_rows = max_rows

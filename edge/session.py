@@ -65,11 +65,33 @@ def check_cuda_graph(graph: Path) -> None:
                           f"or use --device cpu")
 
 
+def kv_retyped(graph: Path, dtype: str) -> bytes | None:
+    """The graph with its past and present caches declared in `dtype`, serialised; None when they already are.
+
+    Only the graph's inputs and outputs change: edge.Attention reads and writes them directly and is registered for
+    both cache types (Package.with_kv_dtype). The weights stay in the package's external data, which the session
+    reads from the graph's folder (session.model_external_initializers_file_folder_path), as from the file itself."""
+    from edge.kernels.graph import KV_TYPES
+
+    model = onnx.load(str(graph), load_external_data=False)
+    caches = [v for v in list(model.graph.input) + list(model.graph.output) if v.name.startswith(("past_", "present_"))]
+    if all(v.type.tensor_type.elem_type == KV_TYPES[dtype] for v in caches):
+        return None
+    if any(n.op_type == "GroupQueryAttention" for n in model.graph.node):
+        raise DeviceError(f"{graph} attends with onnxruntime's GroupQueryAttention, which keeps its cache in the "
+                          f"query's type; a {dtype} KV cache needs edge.Attention (export with --kernels edge)")
+    for v in caches:
+        v.type.tensor_type.elem_type = KV_TYPES[dtype]
+    return model.SerializeToString()
+
+
 def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
-                   custom_ops: list[str] | None = None, spin: bool | None = None) -> ort.InferenceSession:
+                   custom_ops: list[str] | None = None, spin: bool | None = None,
+                   kv_dtype: str | None = None) -> ort.InferenceSession:
     """custom_ops: the custom-op domains the graph uses (the manifest's graph.custom_ops); "edge" is ours.
     spin: whether idle worker threads spin; None: spin_setting(). A session that runs beside another on the same
-    cores (a draft model's) passes False: its spinning threads take the cores the other session's run needs."""
+    cores (a draft model's) passes False: its spinning threads take the cores the other session's run needs.
+    kv_dtype: the KV cache type to run with (kv_retyped), None: the graph's own."""
     if device not in PROVIDERS:
         raise DeviceError(f"unknown device {device!r}; choose one of {', '.join(PROVIDERS)}")
     provider = PROVIDERS[device]
@@ -99,8 +121,13 @@ def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
         if device == "cpu" and _start_team(library, threads):
             options.intra_op_num_threads = 1  # edge's ops split over the team; onnxruntime's few others need none
     providers = [provider] if device == "cpu" else [provider, "CPUExecutionProvider"]
+    model: str | bytes = str(graph)
+    retyped = kv_retyped(graph, kv_dtype) if kv_dtype is not None else None
+    if retyped is not None:
+        model = retyped
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
     try:
-        session = ort.InferenceSession(str(graph), sess_options=options, providers=providers)
+        session = ort.InferenceSession(model, sess_options=options, providers=providers)
     except Exception as exc:  # onnxruntime's own exception types
         if library is None or "edge::" not in str(exc):
             raise

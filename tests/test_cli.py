@@ -65,6 +65,9 @@ def test_run_reports_bad_input_without_traceback(package, capsys):
     assert "no such file" in capsys.readouterr().err
     assert run_cli.main([str(package), "", "--raw", "--context", "64"]) == 2
     assert "the prompt is empty" in capsys.readouterr().err
+    # a half KV cache needs edge.Attention: this package attends with onnxruntime's GroupQueryAttention
+    assert run_cli.main([str(package), "t1", "--raw", "--kv-dtype", "float16"]) == 2
+    assert "--kernels edge" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

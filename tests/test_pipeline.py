@@ -203,3 +203,55 @@ def test_a_float16_kv_cache_is_declared_allocated_and_counted(tmp_path):
     (half / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(PackageError, match="'int8' KV cache"):
         load_package(half)
+
+
+def test_a_package_runs_with_the_other_kv_cache_type(tmp_path):
+    """Package.with_kv_dtype: the graph's past and present are retyped as it loads, over the same weights, so a
+    float32 package run with a half cache computes exactly what the float16 export of the model computes (and the
+    other way round), the folder is left as it was, the memory model counts the chosen type, and packages whose
+    attention cannot take another cache type are refused with what to do."""
+    import hashlib
+
+    from edge.engine import Engine
+    from edge.errors import PackageError
+    from edge.memory.budget import MemoryModel, ModelSpec, Plan
+    from edge.package import Package
+
+    _, imported = tiny_llama(seed=5)
+    half, full = (load_package(pipeline.export_model("tiny", tmp_path / kv, quant="int4", model=imported,
+                                                     kernels="edge", head="rtn", kv_dtype=kv))
+                  for kv in ("float16", "float32"))
+    before = {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(full.root.iterdir())}
+
+    def decode(package: Package) -> tuple[np.ndarray, np.dtype]:
+        decoder = Decoder(package, context_length=32)
+        rows = [decoder.prefill([1, 5, 9, 14, 3, 27]).copy()]
+        rows += [decoder.step([t])[0].copy() for t in (8, 60)]
+        rows.append(decoder.step([2, 11, 40], logits_rows=[0, 1, 2]).copy())  # a verify-sized step
+        return np.concatenate([r.reshape(-1) for r in rows]), decoder.cache.arrays[0].dtype
+
+    as_half, as_full = full.with_kv_dtype("float16"), half.with_kv_dtype("float32")
+    assert (as_half.kv_dtype, as_half.graph_kv_dtype, as_full.kv_dtype) == ("float16", "float32", "float32")
+    for view, native in ((as_half, half), (as_full, full)):
+        (got, got_type), (want, want_type) = decode(view), decode(native)
+        assert got_type == want_type == np.dtype(view.kv_dtype)
+        np.testing.assert_array_equal(got, want)  # bit for bit the export's own graph
+    assert before == {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(full.root.iterdir())}
+    assert full.with_kv_dtype("float32") is full and full.kv_dtype == "float32"
+
+    plan = Plan(context=256)
+    kv = [MemoryModel(ModelSpec.from_manifest(p.manifest)).estimate(plan).kv_target for p in (as_half, full)]
+    assert kv[0] * 2 == kv[1]
+    engine = Engine(full, threads=1, kv_dtype="float16", context_length=64)
+    assert engine.package.kv_dtype == "float16" and engine.decoder.cache.arrays[0].dtype == np.float16
+
+    with pytest.raises(PackageError, match="unknown KV cache type 'bfloat16'"):
+        full.with_kv_dtype("bfloat16")
+    stock = load_package(pipeline.export_model("tiny", tmp_path / "stock", quant="int4", model=imported))
+    with pytest.raises(PackageError, match="--kernels edge"):
+        stock.with_kv_dtype("float16")
+    paged = Package(full.root, {**full.manifest, "paging": {"layers": []}})
+    with pytest.raises(PackageError, match="pages its layers"):
+        paged.with_kv_dtype("float16")
+    with pytest.raises(PackageError, match="--kv-dtype float32"):
+        Decoder(as_half, context_length=32, device="cuda")

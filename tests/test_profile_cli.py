@@ -98,6 +98,8 @@ def test_unknown_profile_and_small_budget_exit_2(package, capsys):
     assert "unknown device profile" in err and all(name in err for name in profile_names())
     assert profile_cli.main([str(package), "--budget", "2MiB"]) == 2
     assert "too small" in capsys.readouterr().err
+    assert profile_cli.main([str(package), "--kv-dtype", "float16"]) == 2  # stock ops: GroupQueryAttention
+    assert "--kernels edge" in capsys.readouterr().err
 
 
 def test_list_prints_every_profile(capsys):

@@ -164,6 +164,8 @@ class CostCurve:
         key = sha256_file(decoder.package.root / "manifest.json")[:16]
         if decoder.device != "cpu":  # a GPU's curve is another shape altogether (flat up to 16 rows)
             key += f"-{decoder.device}"
+        if decoder.package.kv_dtype != decoder.package.graph_kv_dtype:  # the same graph run with the other cache
+            key += f"-{decoder.package.kv_dtype}"
         if decoder.package.custom_ops:  # the same graph costs what the kernel library built here makes it cost
             from edge.kernels import library_path
 
