@@ -70,6 +70,7 @@ CURVES: dict = {}
 SELF_DRAFTS: dict = {}
 MEMORY: dict = {}
 CEILINGS: dict = {}  # (target, category) -> prompt lookup's ceiling per prompt (lookup_ceiling)
+PACE: dict = {}  # target -> the 8-token step's cost relative to the 1-token step, just before and just after the runs
 
 
 def skip_package(quant: str, threads: int):
@@ -230,6 +231,30 @@ def modelled_ratio(spec, curve) -> float:
 CONTROL = "plain (control)"
 
 
+def step_ratio(engine, rows: int = 8, steps: int = 30) -> float:
+    """What an 8-token step costs against a 1-token one now, at a 200-token past (medians of `steps` each).
+
+    The host sometimes runs this VM's two vCPUs on one core's two hyper-threads: then a 2-thread 8-token step takes
+    ~1.3x longer and a 1-token step no longer, for seconds to minutes (RESULTS.md, session 39), and every drafter's
+    x plain falls with it. Timed before and after the runs, this says which state a run met."""
+    import time
+
+    engine.reset()
+    decoder = engine.decoder
+    decoder.prefill([100 + i for i in range(200)])
+    base, median = decoder.cache.length, {}
+    for size in (1, rows):
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            decoder.step([500 + i for i in range(size)], logits_rows=list(range(size)))
+            times.append(time.perf_counter() - start)
+            decoder.cache.trim(base)
+        median[size] = statistics.median(times[3:])
+    engine.reset()
+    return median[rows] / median[1]
+
+
 def learned(speculators: dict) -> dict:
     """What the learning drafters (token recycling's successor table) know, to put back before each rep of a prompt:
     otherwise rep 2 on drafts from rep 1's copy of the very same answer. Measured before this (session 15):
@@ -301,6 +326,7 @@ def bench_target(target, packages, args, rows, ties):
     curve = CostCurve.cached(engine.decoder, engine.threads)
     CURVES[target] = curve
     print(f"{target}: cost of a k-token step relative to 1 token: {curve.relative()}", file=sys.stderr)
+    PACE[target] = [step_ratio(engine)]
     for category in args.categories:
         for index, turns in enumerate(CATEGORIES[category]):
             engine.speculator = None
@@ -331,6 +357,7 @@ def bench_target(target, packages, args, rows, ties):
                     ties.append((target, category, name, pos - prompt_len, gap))
                 print(f"{target} {category:20s} {name:24s} {tps:6.1f} tok/s x{rows[-1]['ratio']:.2f} "
                       f"same={same} {spec.summary() if spec else ''}", file=sys.stderr)
+    PACE[target].append(step_ratio(engine))
 
 
 INTERVAL = 0.90  # the central share of the bootstrap draws that a cell's interval spans
@@ -406,6 +433,12 @@ def table(rows, ties, args) -> str:
     for target, curve in CURVES.items():
         lines.append(f"- {target}: " + ", ".join(f"S={s}: {r:.2f}x" for s, r in curve.relative().items())
                      + f" (multi-row vs 1-row logit deviation {curve.deviation:.2g})")
+    if PACE:
+        lines += ["", "The machine during the run: an 8-token step against a 1-token step at a 200-token past, timed "
+                  "just before and just after the runs. Well above the curve's S=8, the host was running the two "
+                  "vCPUs on one core's hyper-threads, which slows multi-row verify calls and not plain decoding "
+                  "(benchmarks/RESULTS.md, session 39):", ""]
+        lines += [f"- {target}: {before:.2f}x before, {after:.2f}x after" for target, (before, after) in PACE.items()]
     if SELF_DRAFTS:
         lines += ["", "Skip-layer self-drafts (chosen at export by agreement with the target's greedy continuation of "
                   "calibration text; cost = share of the weights a draft step reads):", ""]
