@@ -250,8 +250,9 @@ def test_listens_on_this_machine_only_by_default():
 def test_edge_serve_answers_on_the_default_model():
     """`edge-serve` as a user starts it: the default model, a free port, a chat request, Ctrl-C."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "edge.apps.serve", "--port", "0"], stderr=subprocess.PIPE,
-                            text=True, env=env)
+    # -X faulthandler: should it ever hang, SIGABRT below prints every thread's stack into the failure message
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "edge.apps.serve", "--port", "0"],
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stderr.readline()  # printed once the model is loaded and the port bound
         match = re.search(r"http://([\d.]+):(\d+)/v1", line)
@@ -264,7 +265,12 @@ def test_edge_serve_answers_on_the_default_model():
         assert "Paris" in reply["choices"][0]["message"]["content"]
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130  # interrupted: a clean exit, not a traceback
+        try:
+            _, err = proc.communicate(timeout=30)  # reads stderr to the end: a full pipe cannot block the exit
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate()
+        assert proc.returncode == 130, err  # interrupted: a clean exit, not a traceback
 
 
 def test_serves_the_chat_page_without_a_key(package):
