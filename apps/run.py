@@ -76,9 +76,10 @@ def draft_options(args: argparse.Namespace) -> dict:
 
 def print_stats(engine) -> None:
     s = engine.stats
+    kv = "" if engine.package.kv_dtype == "float32" else f" | KV cache {engine.package.kv_dtype}"
     print(f"\n[prompt {s.prompt_tokens} tokens ({s.reused_tokens} cached) {s.prompt_tokens_per_second:.1f} tok/s | "
           f"generated {s.generated_tokens} tokens {s.generate_tokens_per_second:.1f} tok/s | "
-          f"finish {s.finish_reason} | peak RSS {s.peak_rss_bytes() / 2**20:.0f} MiB]", file=sys.stderr)
+          f"finish {s.finish_reason} | peak RSS {s.peak_rss_bytes() / 2**20:.0f} MiB{kv}]", file=sys.stderr)
     if s.speculative is not None:
         print(f"[speculative ({engine.speculator.name}): {s.speculative.summary()}]", file=sys.stderr)
 

@@ -205,7 +205,7 @@ def test_a_float16_kv_cache_is_declared_allocated_and_counted(tmp_path):
         load_package(half)
 
 
-def test_a_package_runs_with_the_other_kv_cache_type(tmp_path):
+def test_a_package_runs_with_the_other_kv_cache_type(tmp_path, capsys):
     """Package.with_kv_dtype: the graph's past and present are retyped as it loads, over the same weights, so a
     float32 package run with a half cache computes exactly what the float16 export of the model computes (and the
     other way round), the folder is left as it was, the memory model counts the chosen type, and packages whose
@@ -244,6 +244,10 @@ def test_a_package_runs_with_the_other_kv_cache_type(tmp_path):
     assert kv[0] * 2 == kv[1]
     engine = Engine(full, threads=1, kv_dtype="float16", context_length=64)
     assert engine.package.kv_dtype == "float16" and engine.decoder.cache.arrays[0].dtype == np.float16
+    from edge.apps import run as run_cli
+
+    argv = [str(full.root), "t1 t2", "--raw", "-n", "2", "--context", "32", "--stats", "--kv-dtype", "float16"]
+    assert run_cli.main(argv) == 0 and "KV cache float16" in capsys.readouterr().err
 
     with pytest.raises(PackageError, match="unknown KV cache type 'bfloat16'"):
         full.with_kv_dtype("bfloat16")
