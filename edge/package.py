@@ -105,7 +105,7 @@ class Package:
         edge.Attention takes either cache type and registers both, so the graph's past and present are retyped as
         it is loaded (edge.session), over the same weights: a long chat on the CPU picks the half cache (1-token
         steps 25% faster at a 2,000-token past, half the KV memory, +0.35% perplexity: kernels/README.md) without
-        a second export, and a package exported with a half cache runs float32 on a GPU."""
+        a second export, and a package exported with a half cache can run float32 on a GPU (not yet run on one)."""
         if dtype not in KV_DTYPES:
             raise PackageError(f"unknown KV cache type {dtype!r}; choose one of {', '.join(KV_DTYPES)}")
         if dtype == self.kv_dtype:
