@@ -390,7 +390,7 @@ def report(rows: list[dict], ties: list[tuple], facts: dict, args, load: tuple, 
     ks = args.pred_tokens
     overall = {k: geomean(r["ratio"] for r in lookup if r["variant"] == f"prompt-lookup n={k}") for k in ks}
     best = max(overall, key=overall.get)
-    lines = [f"# llama.cpp prompt-lookup decoding on the speculative benchmark's prompts", "",
+    lines = ["# llama.cpp prompt-lookup decoding on the speculative benchmark's prompts", "",
              f"- Machine: {machine()}; shared with other agents. Load average (1/5/15 min) at start "
              f"{load[0][0]:.2f}/{load[0][1]:.2f}/{load[0][2]:.2f}, at end {load[1][0]:.2f}/{load[1][1]:.2f}/"
              f"{load[1][2]:.2f}. Compare ratios (measured back to back), not absolute tok/s.",

@@ -173,8 +173,8 @@ def main() -> None:
         size = sum(f.stat().st_size for f in path.iterdir()) / 2**20
         rows.append((name, embedding_kind(package), stored, runtime, size, ppl, seconds, decode_speed(package)))
         print(rows[-1], flush=True)
-    lines = [f"| weights | embedding | stored bits/weight | run-time bits/weight | package MiB | perplexity | "
-             f"vs fp32 | export s | decode tok/s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| weights | embedding | stored bits/weight | run-time bits/weight | package MiB | perplexity | "
+             "vs fp32 | export s | decode tok/s |", "|---|---|---|---|---|---|---|---|---|"]
     for name, emb, stored, runtime, size, ppl, seconds, speed in rows:
         fmt = lambda b: "-" if b is None else f"{b:.2f}"  # noqa: E731
         delta = f"{(ppl / base - 1) * 100:+.2f}%" if base else "-"

@@ -1,7 +1,7 @@
 """Speculative decoding on the default model: speed against plain decoding, acceptance, and greedy exactness.
 
     python benchmarks/speculative.py [--targets fp32 int4] [--tokens 96] [--reps 1] [--threads 2]
-                                     [--categories ...] [--variants plain layer-skip ...]
+                                     [--categories ...] [--variants plain layer-skip ...] [--fresh] [--ablations]
 
 For each target package (fp32, int4) and prompt category (open chat, code, rewrite, summarise/extract, repeat with a
 change in a second turn), each drafter's run sits between two runs of plain greedy decoding of the same prompt, so
@@ -11,7 +11,9 @@ prompts) and acceptance, with a control: plain decoding timed the same way as a 
 per ratio (interval); it ends with issue 4's targets against the run (targets). Every speculative output
 is compared with plain greedy output; where they differ, the table gives the first differing position and the
 target's top-2 logit gap there (a near-tie that the multi-token verify step's different float rounding flips).
-Writes benchmarks/results/speculative.md.
+Drafters and their policies persist across prompts, as in a chat app's engine; --fresh makes them anew for every
+run, as a process's first prompt (one edge-run call) has them. --ablations adds prompt lookup and lookup+head without
+their kinds' measured acceptance, to time what it gives. Writes benchmarks/results/speculative.md.
 
 The layer-skip variants run the target's skip-layer self-draft (export/self_draft.py). The benchmark adds one to a
 hard-linked copy of each default package (~/.cache/edge/models/...-skip) the first time, choosing its layers by
@@ -122,7 +124,13 @@ def messages_for(engine, turns, tokens):
     return messages
 
 
-def variants(target: str, engine, packages):
+def without_kind_priors(speculator):
+    for drafter in speculator.drafters:
+        drafter.kind_acceptance = {}
+    return speculator
+
+
+def variants(target: str, engine, packages, ablations: bool = False):
     from edge.speculative import DraftModel, Speculator, make_speculator
     from edge.speculative.factory import prompt_lookup
 
@@ -132,6 +140,9 @@ def variants(target: str, engine, packages):
     if engine.package.draft_head is not None:
         out["draft head"] = lambda: make_speculator("head", engine)
         out["lookup+head"] = lambda: make_speculator("lookup+head", engine)
+    if ablations:  # prompt lookup's kinds starting from the policy's 1-in-3 guess, as before session 40
+        for name in [n for n in ("prompt-lookup", "lookup+head") if n in out]:
+            out[f"{name} (no kind priors)"] = lambda name=name: without_kind_priors(make_speculator(name, engine))
     if target == "fp32":
         out["lookup+draft int4"] = lambda: Speculator(
             [prompt_lookup(engine), DraftModel(packages["int4"], engine.context_length, threads=engine.threads)],
@@ -274,18 +285,22 @@ def tokens_per_second(run: dict) -> float:
     return run["n"] / run["seconds"]
 
 
-def paired_runs(engine, speculators: dict, messages, args) -> tuple[dict[str, list], dict[str, list[float]]]:
+def paired_runs(engine, speculators: dict, messages, args, makers: dict | None = None
+                ) -> tuple[dict[str, list], dict[str, list[float]]]:
     """Every variant's run between two plain runs: its ratio is its tok/s over their geometric mean, one per rep.
 
     The machine's pace drifts over seconds (80 plain runs of one prompt back to back: 7.6% spread, consecutive runs
     correlated 0.59), so a run is compared with the plain runs next to it, not with plain's median over the whole
     rotation: two consecutive runs differ by 6.9% where two at random differ by 10.5%. CONTROL, plain decoding
-    timed as if it were a drafter, shows how far from 1 the noise alone moves a ratio."""
+    timed as if it were a drafter, shows how far from 1 the noise alone moves a ratio. makers (--fresh): every rep's
+    drafters are made anew, policies included, as a process's first prompt has them."""
     runs_of = {name: [] for name in ["plain", *speculators, CONTROL]}
     ratios = {name: [] for name in [*speculators, CONTROL]}
     before = learned(speculators)
     for rep in range(args.reps):
         restore(speculators, before)  # each rep sees the prompt for the first time, as a user would
+        if makers:
+            speculators = {name: make() for name, make in makers.items()}
         names = [*speculators, CONTROL]
         names = names[rep % len(names):] + names[: rep % len(names)]
         engine.speculator = None
@@ -313,7 +328,7 @@ def bench_target(target, packages, args, rows, ties):
         engine = Engine(package, threads=args.threads)
     else:
         engine = Engine(packages[target], threads=args.threads)
-    makers = {name: make for name, make in variants(target, engine, packages).items()
+    makers = {name: make for name, make in variants(target, engine, packages, args.ablations).items()
               if not wanted or name in wanted}
     speculators = {name: make() for name, make in makers.items()}  # persistent: policies learn across prompts
     engine.speculator = None
@@ -336,7 +351,7 @@ def bench_target(target, packages, args, rows, ties):
                 SHORT.append((target, category, index, answer))
                 print(f"{target} {category} prompt {index}: a {answer}-token answer, not timed", file=sys.stderr)
                 continue
-            runs_of, ratios = paired_runs(engine, speculators, messages, args)
+            runs_of, ratios = paired_runs(engine, speculators, messages, args, makers if args.fresh else None)
             plain = runs_of["plain"][0]
             CEILINGS.setdefault((target, category), []).append(lookup_ceiling(plain["ids"], plain["n"], curve))
             for name, runs in runs_of.items():
@@ -428,6 +443,8 @@ def table(rows, ties, args) -> str:
     lines = [f"# Speculative decoding (SmolLM2-135M-Instruct, {args.threads} threads, greedy, {args.tokens} new "
              f"tokens, {args.reps} rep(s), each drafter's run between two plain runs; the machine was shared, so "
              "compare ratios, not tok/s)", "",
+             *(["Every run with new drafters and policies (--fresh): each as a process's first prompt.", ""]
+               if args.fresh else []),
              "Cost of a verify call over S tokens relative to S=1, measured on the loaded package (the adaptive "
              "policy's input):", ""]
     for target, curve in CURVES.items():
@@ -503,6 +520,10 @@ def main() -> None:
     ap.add_argument("--categories", nargs="+", choices=list(CATEGORIES), default=list(CATEGORIES))
     ap.add_argument("--variants", nargs="+", help="drafters to run (default: all); plain always runs, e.g. "
                     "--variants layer-skip lookup+layer-skip prompt-lookup")
+    ap.add_argument("--fresh", action="store_true", help="new drafters and policies for every run (each run as a "
+                    "process's first prompt, as one edge-run call has); default: policies learn across prompts")
+    ap.add_argument("--ablations", action="store_true", help="also prompt lookup and lookup+head without its kinds' "
+                    "measured acceptance (PromptLookup.kind_acceptance)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "speculative.md"))
     args = ap.parse_args()
     from edge.default_model import default_package

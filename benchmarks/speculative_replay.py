@@ -1,7 +1,7 @@
 """Replay prompt lookup over plain greedy outputs: what a drafting rule gains, without the machine's noise.
 
     python benchmarks/speculative_replay.py [--tokens 64] [--prompts benchmark|held-out] [--orders 20]
-                                            [--outputs FILE.json]
+                                            [--fresh] [--kinds] [--outputs FILE.json]
 
 Decodes the speculative benchmark's prompts once with plain greedy decoding on the default package (kept in
 FILE.json with whether the target was sure of each token, reused when it exists), then replays edge's PromptLookup
@@ -12,7 +12,8 @@ category, the modelled speed-up over plain decoding, the same with every draft c
 policy's ceiling), and prompt lookup's ceiling (the best occurrence at every step). Used to choose the lookup's
 kinds (session 12), its copy position (session 13) and its root-confidence kinds (session 14) before timing them in
 benchmarks/speculative.py; a 2-prompt category is too small to decide on alone, so its numbers only say where to
-look.
+look. --fresh gives every prompt new policies (a process's first prompt, as one `edge-run` call has); --kinds
+prints how often each kind of draft passes per level instead (PromptLookup.kind_acceptance, session 40).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from speculative import CATEGORIES, MIN_TOKENS, lookup_ceiling, messages_for  # 
 
 from edge.speculative import AdaptiveDepth, CostCurve, PromptLookup  # noqa: E402
 from edge.speculative.prompt_lookup import case_classes  # noqa: E402
-from edge.speculative.decode import root_is_sure  # noqa: E402
+from edge.speculative.decode import known_prior, root_is_sure  # noqa: E402
 
 DRAFT_SECONDS = 20e-6  # a lookup proposal, measured in the loop
 FOLD: list[int] | None = None  # token -> the class prompt lookup matches it as (main sets it)
@@ -102,40 +103,72 @@ def capture(tokens: int, categories: dict) -> dict:
     return {"runs": runs, "sizes": list(curve.sizes), "seconds": list(curve.seconds)}
 
 
-def replay(ids: list[int], generated: int, sure: list[bool], curve: CostCurve, policies: dict, cut: bool) -> float:
-    """Modelled speed-up of prompt lookup on one output. cut: every draft is cut to what passes (perfect depth).
-    sure[i]: whether the target was sure of generated token i (a short match's kind says, as in the runtime)."""
-    lookup, position, seconds = PromptLookup(fold=FOLD), len(ids) - generated, 0.0
+def proposals(ids: list[int], generated: int, sure: list[bool]):
+    """Prompt lookup's draft at each position of an output, its short matches' kinds judged by the target's
+    confidence as in the runtime; send() the number of tokens the step emitted to move on (default 1)."""
+    lookup, position = PromptLookup(fold=FOLD), len(ids) - generated
     first = position
     lookup.begin(ids[:position])
     while position < len(ids) - 1:
-        room = len(ids) - 1 - position
-        draft = lookup.propose(ids[:position + 1], min(8, room))
+        draft = lookup.propose(ids[:position + 1], min(8, len(ids) - 1 - position))
         if draft.kind in lookup.confidence_kinds:
             draft.kind += "/sure" if sure[position - first] else "/unsure"
-        policy = None if cut or not len(draft) else policies.setdefault(draft.kind, AdaptiveDepth(curve, int, 8))
-        tokens = draft.tokens if cut else draft.tokens[:policy.depth()] if policy else []
-        passed = next((i for i, t in enumerate(tokens) if t != ids[position + 1 + i]), len(tokens))
-        if cut:
-            tokens = tokens[:passed]
-        elif tokens:
+        possible = next((i for i, t in enumerate(draft.tokens) if t != ids[position + 1 + i]), len(draft))
+        position += (yield draft, possible) or 1
+
+
+def replay(ids: list[int], generated: int, sure: list[bool], curve: CostCurve, policies: dict, cut: bool) -> float:
+    """Modelled speed-up of prompt lookup on one output. cut: every draft is cut to what passes (perfect depth).
+    Policies are made as the runtime makes them (their known priors; off until a shadow guess passes, unless the
+    prior promises a gain), and a switched-off one scores its first guess against the output."""
+    seconds, steps = 0.0, proposals(ids, generated, sure)
+    draft, possible = next(steps)
+    while True:
+        policy = None
+        if not cut and len(draft):
+            policy = policies.get(draft.kind) or policies.setdefault(draft.kind, AdaptiveDepth(
+                curve, int, 8, shadowed=True, **known_prior(PromptLookup, draft.kind)))
+        depth = len(draft) if cut else policy.depth() if policy else 0
+        passed = min(depth, possible)
+        tokens = draft.tokens[:passed if cut else depth]
+        if policy is not None and depth == 0 and policy.off:
+            policy.shadow(possible > 0)
+        if tokens and not cut:
             policy.update(len(tokens), passed, DRAFT_SECONDS, None, 1 + len(tokens))
         seconds += curve(1 + len(tokens)) + (DRAFT_SECONDS if tokens else 0.0)
-        position += passed + 1
-    return (generated - 1) * curve(1) / seconds
+        try:
+            draft, possible = steps.send(passed + 1)
+        except StopIteration:
+            return (generated - 1) * curve(1) / seconds
 
 
-def policy_speedups(runs: list[dict], curve: CostCurve, orders: int) -> dict[str, list[float]]:
+def kind_rates(runs: list[dict], levels: int = 8) -> dict[str, list[tuple[int, int]]]:
+    """Per kind of draft, (trials, passes) of each level: level i is tried where levels 1..i-1 passed, at every
+    position of the outputs (what PromptLookup.kind_acceptance's first levels come from)."""
+    rates: dict[str, list[list[int]]] = {}
+    for run in runs:
+        for draft, possible in proposals(run["ids"], run["n"], run["sure"]):
+            row = rates.setdefault(draft.kind, [[0, 0] for _ in range(levels)])
+            for i in range(min(possible + 1, len(draft), levels)):
+                row[i][0] += 1
+                row[i][1] += i < possible
+    return {kind: [tuple(level) for level in row] for kind, row in rates.items() if kind}
+
+
+def policy_speedups(runs: list[dict], curve: CostCurve, orders: int, fresh: bool) -> dict[str, list[float]]:
     """Each category's per-prompt speed-ups under the adaptive policy, the prompts replayed in the benchmark's order
     and then in `orders - 1` shuffled orders, policies shared across the prompts as in the runtime; a prompt's value
     is its geometric mean over the orders. What the shared policies learned from earlier prompts moves a single
-    prompt by up to ~30% (session 24: a rule that gained 5-9% on a category in one order gained nothing over 20)."""
+    prompt by up to ~30% (session 24: a rule that gained 5-9% on a category in one order gained nothing over 20).
+    fresh: new policies for every prompt, as one `edge-run` call has."""
     logs = [[] for _ in runs]
     rng = random.Random(0)
     order = list(range(len(runs)))
-    for _ in range(orders):
+    for _ in range(1 if fresh else orders):
         policies: dict = {}
         for i in order:
+            if fresh:
+                policies = {}
             logs[i].append(math.log(replay(runs[i]["ids"], runs[i]["n"], runs[i]["sure"], curve, policies, False)))
         rng.shuffle(order)
     out: dict[str, list[float]] = {}
@@ -154,6 +187,8 @@ def main() -> None:
     parser.add_argument("--prompts", choices=list(PROMPT_SETS), default="benchmark")
     parser.add_argument("--orders", type=int, default=20, help="prompt orders to average the policy over")
     parser.add_argument("--no-fold", action="store_true", help="tokens match only themselves, not up to case")
+    parser.add_argument("--fresh", action="store_true", help="new policies for every prompt (one edge-run call)")
+    parser.add_argument("--kinds", action="store_true", help="print each kind of draft's pass rate per level")
     parser.add_argument("--outputs", type=Path, help="where the plain outputs are kept (default: "
                         "/tmp/edge-speculative-outputs[-held-out].json)")
     args = parser.parse_args()
@@ -172,12 +207,18 @@ def main() -> None:
 
         FOLD = case_classes(Tokenizer(load_package(default_package("int4-edge")).tokenizer_path).vocab())
     runs = [r for r in data["runs"] if r["n"] >= MIN_TOKENS]
+    if args.kinds:
+        print("| kind | " + " | ".join(f"level {i + 1}" for i in range(8)) + " |")
+        print("|---|" + "---|" * 8)
+        for kind, levels in sorted(kind_rates(runs).items()):
+            print(f"| {kind} | " + " | ".join(f"{p / t:.2f} ({t})" if t else "-" for t, p in levels) + " |")
+        return
     rows: dict = {}
     for run in runs:
         row = rows.setdefault(run["category"], {"policy": [], "cut": [], "ceiling": []})
         row["cut"].append(replay(run["ids"], run["n"], run["sure"], curve, {}, cut=True))
         row["ceiling"].append(lookup_ceiling(run["ids"], run["n"], curve))
-    for category, values in policy_speedups(runs, curve, args.orders).items():
+    for category, values in policy_speedups(runs, curve, args.orders, args.fresh).items():
         rows[category]["policy"] = values
     print("| category | prompt lookup | drafts cut to what passes | lookup's ceiling |")
     print("|---|---|---|---|")

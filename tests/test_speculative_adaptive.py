@@ -326,3 +326,18 @@ def test_a_drafter_of_known_acceptance_starts_from_it():
         for _ in range(3):
             policy.update(1, 0, 0.0)  # three misses in a row
     assert not fresh.drafting() and known.drafting()
+
+
+def test_a_kind_of_draft_known_to_pay_starts_on_and_one_known_to_lose_starts_off():
+    """Prompt lookup's long matches are right ~9 times in 10 (PromptLookup.kind_acceptance): the first 8-token match
+    of a generation drafts at once and deep, instead of waiting a verify call for a shadow guess and starting from
+    the 1-in-3 guess; a 1-token match after an unsure root (right ~1 in 10) waits as before."""
+    from edge.speculative import PromptLookup, Speculator
+
+    spec = Speculator([PromptLookup()])
+    spec.curve = CostCurve((1, 2, 4, 8, 16), (1.0, 1.10, 1.40, 2.28, 4.06))  # the int4-edge package's
+    long, short = (spec._policy(spec.drafters[0], None, kind) for kind in ("8+-gram", "1-gram/unsure"))
+    new = AdaptiveDepth(spec.curve, chain, shadowed=True)  # a kind nothing is known of
+    assert long.acceptance == pytest.approx(PromptLookup.kind_acceptance["8+-gram"])
+    assert not long.off and long.depth() >= 4
+    assert short.off and short.depth() == 0 and new.off and new.depth() == 0

@@ -21,7 +21,7 @@ PROMPTS = [
     f"Add type hints to this code:\n{CODE}",
     f"Rewrite this paragraph in simpler words: {PASSAGE}",
     f"Fix any typos in this text: Teh quick brown fox jumpd over the lazy dog. {PASSAGE}",
-    f"Rewrite this in the passive voice: The committee approved the budget and the mayor signed it.",
+    "Rewrite this in the passive voice: The committee approved the budget and the mayor signed it.",
     f"Summarise this passage in one sentence: {PASSAGE}",
     f"Extract every number from this passage as a JSON list: {PASSAGE}",
     f"How many nations does the rainforest span, according to this passage? {PASSAGE}",

@@ -253,6 +253,9 @@ class AdaptiveDepth:
     # A cheap drafter's policy: while off, the first guesses its drafter would have made are scored against the
     # tokens the target produced anyway (shadow), so it needs no paid probes and turns back on as soon as they pass.
     shadowed: bool = False
+    # The prior (successes, trials) was measured for this kind of draft, not guessed: a shadowed policy whose prior
+    # promises a gain then starts on (see __post_init__).
+    known: bool = False
     plain: Pace = field(default_factory=Pace)  # plain 1-token steps against curve(1)
     verify: Pace = field(default_factory=Pace)  # this drafter's verify calls against the curve at their size
     off: bool = field(default=False, init=False)  # switched off for losing; waiting for the next probe
@@ -267,8 +270,10 @@ class AdaptiveDepth:
         self.level_successes = [float(self.successes)] + [0.0] * (self.max_depth - 1)
         self.level_trials = [float(self.trials)] + [0.0] * (self.max_depth - 1)
         # A shadowed policy starts off: its first guesses are scored for free, so it drafts once one has passed
-        # rather than paying verify rows to learn what a kind of draft is worth.
-        self.off = self.shadowed
+        # rather than paying verify rows to learn what a kind of draft is worth. Unless that is known: then waiting
+        # for a shadow guess costs a verify call per kind and generation where drafting pays, as in a copy's first
+        # 8-token match (PromptLookup.kind_acceptance).
+        self.off = self.shadowed and not (self.known and self.best()[1] >= self.min_gain)
 
     def rates(self) -> np.ndarray:
         """Acceptance rate of each level 1..max_depth given the levels before it."""

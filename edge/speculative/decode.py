@@ -39,6 +39,13 @@ def root_is_sure(row: np.ndarray | None, scratch: np.ndarray | None = None) -> b
     return float(np.add.reduce(np.exp(shifted, out=shifted))) <= 1.0 / SURE
 
 
+def known_prior(drafter: Drafter, kind: str = "") -> dict:
+    """AdaptiveDepth's first-level prior for a drafter's kind of draft, where its acceptance was measured before use
+    (Drafter.kind_acceptance, else known_acceptance); {} where nothing is known (the policy's weak default)."""
+    known = drafter.kind_acceptance.get(kind, drafter.known_acceptance)
+    return {} if known is None else {"successes": KNOWN_WEIGHT * known, "trials": KNOWN_WEIGHT, "known": True}
+
+
 def after_root(tokens: list[int], draft: Draft, verdict: Verdict, greedy: bool) -> int | None:
     """The token the target produced after the root, to score shadow guesses by; None where it is not a draw from
     the target's own distribution: a near-tie left undecided, or a sampled draft's rejected first token (the token
@@ -86,11 +93,10 @@ class Speculator:
             if self.draft_length is not None:
                 self.policies[key] = FixedDepth(self.draft_length)
             else:
-                measured, known = drafter.predicted_speedup, drafter.known_acceptance
-                prior = {} if known is None else {"successes": KNOWN_WEIGHT * known, "trials": KNOWN_WEIGHT}
+                measured = drafter.predicted_speedup
                 self.policies[key] = AdaptiveDepth(self._curve(decoder), drafter.size, self.max_depth,
                                                    enabled=measured is None or measured >= 1, plain=self.plain,
-                                                   shadowed=drafter.cheap, **prior)
+                                                   shadowed=drafter.cheap, **known_prior(drafter, kind))
             self._kinds.setdefault(drafter.name, []).append(self.policies[key])
         return self.policies[key]
 

@@ -80,6 +80,10 @@ class Drafter:
     # unknown. The adaptive policy starts from it instead of its weak default prior (1 in 3), so a few early misses,
     # which the machine's noise makes costlier still, do not switch off a drafter known to be right half the time.
     known_acceptance: float | None = None
+    # The same per kind of draft (prompt lookup's match lengths), where it was measured; kinds not listed start from
+    # known_acceptance. A cheap drafter's kind known to pay starts drafting at its first guess instead of waiting
+    # for a shadow guess to pass (AdaptiveDepth.known).
+    kind_acceptance: dict[str, float] = {}
     # Seconds the last propose() spent reading tokens it had not followed (a draft model's catch-up after steps it
     # did not draft). The policy counts it per drafted step, apart from the cost per draft level; a probe's, which
     # covers the whole time drafting was off, only spaces the next probe.
