@@ -1,4 +1,4 @@
-"""The speculative benchmark's summary: its bootstrap intervals and the issue targets it reports."""
+"""The speculative benchmark's summary (its bootstrap intervals, the issue targets it reports) and its replay."""
 
 import random
 import sys
@@ -30,3 +30,21 @@ def test_targets_name_the_lowest_cell_and_auto():
     assert "lookup+head, rewrite >= 2x: 2.10" in text
     assert "open chat and code >= 1.2x: 1.33" in text
     assert "lowest 0.94" in text and "(recycling, rewrite)" in text
+
+
+def test_the_replay_prices_a_copy_and_counts_its_kinds_passes():
+    """benchmarks/speculative_replay.py on a synthetic answer that copies its prompt and then leaves it: long matches
+    pass at every level until the answer leaves the copy, the replay prices the copy above plain decoding, and
+    drafts cut to what passes price at least as well as the policy's."""
+    import speculative_replay as replay
+    from edge.speculative import CostCurve
+
+    prompt = list(range(100, 140))
+    answer = prompt[5:35] + [7, 8, 9, 10, 11, 12]
+    ids, curve = prompt + answer, CostCurve((1, 2, 4, 8), (1.0, 1.1, 1.4, 2.3))
+    rates = replay.kind_rates([{"ids": ids, "n": len(answer), "sure": [True] * len(answer)}])
+    trials, passes = rates["8+-gram"][0]
+    assert trials > 10 and passes == trials - 1  # only the draft past the copy's end misses
+    policy = replay.replay(ids, len(answer), [True] * len(answer), curve, {}, cut=False)
+    cut = replay.replay(ids, len(answer), [True] * len(answer), curve, {}, cut=True)
+    assert 1.5 < policy <= cut
