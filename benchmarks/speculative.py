@@ -2,6 +2,7 @@
 
     python benchmarks/speculative.py [--targets fp32 int4] [--tokens 96] [--reps 1] [--threads 2]
                                      [--categories ...] [--variants plain layer-skip ...] [--fresh] [--ablations]
+                                     [--history TURNS]
 
 For each target package (fp32, int4) and prompt category (open chat, code, rewrite, summarise/extract, repeat with a
 change in a second turn), each drafter's run sits between two runs of plain greedy decoding of the same prompt, so
@@ -111,6 +112,15 @@ def edge_kernel_package(level: int):
     if not (dest / "manifest.json").exists():
         export_model(default_gguf(), dest, **{**EXPORTS["int4-edge"], "accuracy_level": level}, overwrite=True)
     return dest
+
+
+def history(turns: int) -> list[dict]:
+    """`turns` earlier exchanges (~210 tokens each) before a prompt: drafting after a long conversation, where a
+    multi-row verify call costs more against a 1-token step (benchmarks/RESULTS.md, kernels) and lookup finds more
+    stale matches."""
+    return [message for i in range(turns) for message in (
+        {"role": "user", "content": f"Tell me something interesting about topic number {i}, in detail."},
+        {"role": "assistant", "content": PASSAGE + " " + PASSAGE})]
 
 
 def messages_for(engine, turns, tokens):
@@ -327,7 +337,7 @@ def bench_target(target, packages, args, rows, ties):
         MEMORY[target] = measure_memory(package, args.threads)
         engine = Engine(package, threads=args.threads)
     else:
-        engine = Engine(packages[target], threads=args.threads)
+        engine = Engine(packages[target], threads=args.threads, context_length=4096 if args.history else None)
     makers = {name: make for name, make in variants(target, engine, packages, args.ablations).items()
               if not wanted or name in wanted}
     speculators = {name: make() for name, make in makers.items()}  # persistent: policies learn across prompts
@@ -345,7 +355,7 @@ def bench_target(target, packages, args, rows, ties):
     for category in args.categories:
         for index, turns in enumerate(CATEGORIES[category]):
             engine.speculator = None
-            messages = messages_for(engine, turns, args.tokens)
+            messages = history(args.history) + messages_for(engine, turns, args.tokens)
             answer = run_once(engine, messages, args.tokens)["n"]
             if answer < MIN_TOKENS:
                 SHORT.append((target, category, index, answer))
@@ -445,6 +455,8 @@ def table(rows, ties, args) -> str:
              "compare ratios, not tok/s)", "",
              *(["Every run with new drafters and policies (--fresh): each as a process's first prompt.", ""]
                if args.fresh else []),
+             *([f"Every prompt after {args.history} earlier turns (--history; ~210 tokens each).", ""]
+               if args.history else []),
              "Cost of a verify call over S tokens relative to S=1, measured on the loaded package (the adaptive "
              "policy's input):", ""]
     for target, curve in CURVES.items():
@@ -522,6 +534,7 @@ def main() -> None:
                     "--variants layer-skip lookup+layer-skip prompt-lookup")
     ap.add_argument("--fresh", action="store_true", help="new drafters and policies for every run (each run as a "
                     "process's first prompt, as one edge-run call has); default: policies learn across prompts")
+    ap.add_argument("--history", type=int, default=0, help="earlier turns before each prompt (6: ~1,300 tokens)")
     ap.add_argument("--ablations", action="store_true", help="also prompt lookup and lookup+head without its kinds' "
                     "measured acceptance (PromptLookup.kind_acceptance)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "speculative.md"))
