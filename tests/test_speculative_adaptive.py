@@ -341,3 +341,16 @@ def test_a_kind_of_draft_known_to_pay_starts_on_and_one_known_to_lose_starts_off
     assert long.acceptance == pytest.approx(PromptLookup.kind_acceptance["8+-gram"])
     assert not long.off and long.depth() >= 4
     assert short.off and short.depth() == 0 and new.off and new.depth() == 0
+
+
+def test_the_kinds_of_one_drafter_share_how_their_verify_calls_run():
+    """After a long conversation a multi-row call costs far more than the cached curve says: once one kind's verify
+    call has shown it, a kind drafting for the first time prices its calls at that pace, not on the curve."""
+    from edge.speculative import PromptLookup, Speculator
+
+    spec = Speculator([PromptLookup()])
+    spec.curve = CostCurve((1, 2, 4, 8, 16), (1.0, 1.10, 1.40, 2.28, 4.06))
+    first = spec._policy(spec.drafters[0], None, "8+-gram")
+    first.update(4, 0, 0.0, verify_seconds=2.0 * spec.curve(5), rows=5)  # ran at twice the curve's cost
+    later = spec._policy(spec.drafters[0], None, "4-7-gram")
+    assert later.verify_pace() == pytest.approx(2.0) and later.verify is first.verify
