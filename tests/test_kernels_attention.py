@@ -25,6 +25,9 @@ DEVICE = os.environ.get("EDGE_TEST_DEVICE", "cpu")
 # SmolLM2's heads with a past of 200: the CPU kernel's tasks then hold several rows that share 64-key blocks of the
 # cache (attention.h, kMaxTaskRows), windows cut those blocks at a different key for each row.
 LONG = {"heads": (9, 3, 64), "capacity": 320}
+# A past whose rows are attended in two halves of their keys (kSplitKeys, 384): every row of a call from 2 to 8 tokens
+# then shares one task per kv head and half (attention_op.cc, rows_per_task).
+SPLIT = {"heads": (9, 3, 64), "capacity": 720}
 
 
 class Attention:
@@ -210,10 +213,11 @@ def test_close_to_group_query_attention(window):
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("window", [0, 8, 101, 140])
 @pytest.mark.parametrize("past,s,layout", [(50, 9, {}), (200, 9, LONG), (200, 16, LONG), (190, 30, LONG),
-                                           (110, 30, LONG)])
+                                           (110, 30, LONG), (379, 9, SPLIT), (600, 2, SPLIT), (600, 4, SPLIT),
+                                           (600, 12, SPLIT)])
 def test_each_row_of_a_chain_equals_the_row_decoded_alone(window, past, s, layout, half):
-    """Bitwise: a verify call over S tokens computes what S one-token steps compute. From 128 keys on a row's keys
-    are attended in two halves (attention.h, kSplitKeys): the 110-token past puts the call's rows on both sides. A
+    """Bitwise: a verify call over S tokens computes what S one-token steps compute. From 384 keys on a row's keys
+    are attended in two halves (attention.h, kSplitKeys): the 379-token past puts the call's rows on both sides. A
     float16 cache likewise: each row's keys and values are rounded as they are written, before any row reads them."""
     rng = np.random.default_rng(7)
     q, k, v = rows(rng, s, layout.get("heads", (H, KV, D)))
@@ -276,9 +280,9 @@ def test_q_and_k_norms_inside_the_op_equal_them_applied_before_it(packed, heads)
 
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("window", [0, 20])
-# 61: the tree's positions cross a 64-key block; 125: its deeper nodes have 128 keys and more, so they are attended in
-# two halves of their keys, counted from their positions as for the path decoded alone.
-@pytest.mark.parametrize("past,layout", [(44, {}), (61, LONG), (125, LONG), (300, LONG)])
+# 61: the tree's positions cross a 64-key block; 500: every node has 384 keys and more, so they are attended in two
+# halves of their keys, counted from their positions as for the path decoded alone.
+@pytest.mark.parametrize("past,layout", [(44, {}), (61, LONG), (125, LONG), (300, LONG), (500, SPLIT)])
 def test_a_tree_row_equals_its_path_decoded_alone_after_compaction(window, past, layout, half):
     """Nodes of a draft tree attend to the past and their ancestors (the bias masks the rest, by index order); the
     accepted path, decoded one token at a time into a compacted cache, must give its rows bit for bit. A sliding
