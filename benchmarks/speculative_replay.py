@@ -1,7 +1,7 @@
 """Replay prompt lookup over plain greedy outputs: what a drafting rule gains, without the machine's noise.
 
     python benchmarks/speculative_replay.py [--tokens 64] [--prompts benchmark|held-out] [--orders 20]
-                                            [--fresh] [--kinds] [--outputs FILE.json]
+                                            [--fresh] [--kinds] [--history TURNS] [--outputs FILE.json]
 
 Decodes the speculative benchmark's prompts once with plain greedy decoding on the default package (kept in
 FILE.json with whether the target was sure of each token, reused when it exists), then replays edge's PromptLookup
@@ -14,6 +14,8 @@ kinds (session 12), its copy position (session 13) and its root-confidence kinds
 benchmarks/speculative.py; a 2-prompt category is too small to decide on alone, so its numbers only say where to
 look. --fresh gives every prompt new policies (a process's first prompt, as one `edge-run` call has); --kinds
 prints how often each kind of draft passes per level instead (PromptLookup.kind_acceptance, session 40).
+--history TURNS puts earlier turns before every prompt (benchmarks/speculative.py --history), and prices the verify
+calls on a curve measured at that past, where a multi-row call costs far more against a 1-token step.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from speculative import CATEGORIES, MIN_TOKENS, lookup_ceiling, messages_for  # noqa: E402
+from speculative import CATEGORIES, MIN_TOKENS, history, lookup_ceiling, messages_for  # noqa: E402
 
 from edge.speculative import AdaptiveDepth, CostCurve, PromptLookup  # noqa: E402
+from edge.speculative.adaptive import Pace  # noqa: E402
 from edge.speculative.prompt_lookup import case_classes  # noqa: E402
 from edge.speculative.decode import known_prior, root_is_sure  # noqa: E402
 
@@ -74,13 +77,14 @@ HELD_OUT = {
 PROMPT_SETS = {"benchmark": CATEGORIES, "held-out": HELD_OUT}
 
 
-def capture(tokens: int, categories: dict) -> dict:
-    """Plain greedy outputs of every benchmark prompt, whether the target was sure of each generated token
-    (root_is_sure of the logits it was chosen from), and the package's cost curve."""
+def capture(tokens: int, categories: dict, turns: int = 0) -> dict:
+    """Plain greedy outputs of every benchmark prompt (after `turns` earlier turns), whether the target was sure of
+    each generated token (root_is_sure of the logits it was chosen from), and the package's cost curve (at the
+    prompts' past when there is a history)."""
     from edge.default_model import default_package
     from edge.engine import Engine
 
-    engine = Engine(default_package("int4-edge"), threads=2)
+    engine = Engine(default_package("int4-edge"), threads=2, context_length=4096 if turns else None)
     decoder, step, sure = engine.decoder, engine.decoder.step, []
     scratch = np.empty(decoder.config.vocab_size, np.float32)
 
@@ -89,18 +93,24 @@ def capture(tokens: int, categories: dict) -> dict:
         sure.append(root_is_sure(logits[-1], scratch))
         return logits
 
-    runs = []
+    runs, earlier = [], history(turns)
     for category, prompts in categories.items():
-        for turns in prompts:
-            messages = messages_for(engine, turns, tokens)
+        for prompt in prompts:
+            messages = earlier + messages_for(engine, prompt, tokens)
             engine.reset()
             decoder.step = judged_step
             "".join(engine.chat(messages, max_tokens=tokens))
             decoder.step = step
             n = engine.stats.generated_tokens  # token i came from the i-th last call's logits (none fed the last)
             runs.append({"category": category, "ids": list(engine.tokens), "n": n, "sure": sure[-n:]})
-    curve = CostCurve.cached(engine.decoder, engine.threads)
-    return {"runs": runs, "sizes": list(curve.sizes), "seconds": list(curve.seconds)}
+    believed = CostCurve.cached(engine.decoder, engine.threads)
+    curve = believed
+    if turns:  # what the calls cost at the prompts' past; the runtime's policies still start from the cached curve
+        engine.reset()
+        engine.decoder.prefill(runs[0]["ids"][:-runs[0]["n"]])
+        curve = CostCurve.measure(engine.decoder, past=engine.decoder.cache.length)
+    return {"runs": runs, "sizes": list(curve.sizes), "seconds": list(curve.seconds),
+            "believed": [list(believed.sizes), list(believed.seconds)]}
 
 
 def proposals(ids: list[int], generated: int, sure: list[bool]):
@@ -117,25 +127,42 @@ def proposals(ids: list[int], generated: int, sure: list[bool]):
         position += (yield draft, possible) or 1
 
 
-def replay(ids: list[int], generated: int, sure: list[bool], curve: CostCurve, policies: dict, cut: bool) -> float:
-    """Modelled speed-up of prompt lookup on one output. cut: every draft is cut to what passes (perfect depth).
-    Policies are made as the runtime makes them (their known priors; off until a shadow guess passes, unless the
-    prior promises a gain), and a switched-off one scores its first guess against the output."""
+class Lookup:
+    """What a speculator keeps for prompt lookup across the prompts it serves: a policy per kind of draft, and the
+    paces they share (plain steps' and the drafter's verify calls' against the curve the policies believe).
+    believed: the curve the policies price drafts with (the runtime's cached one); the replay's own curve says what
+    the calls cost (the same one, unless --history measured it at a long past)."""
+
+    def __init__(self, believed: CostCurve):
+        self.believed, self.policies = believed, {}
+        self.plain, self.verify = Pace(), Pace()
+
+    def policy(self, kind: str) -> AdaptiveDepth:
+        if kind not in self.policies:
+            self.policies[kind] = AdaptiveDepth(self.believed, int, 8, shadowed=True, plain=self.plain,
+                                                verify=self.verify, **known_prior(PromptLookup, kind))
+        return self.policies[kind]
+
+
+def replay(ids: list[int], generated: int, sure: list[bool], curve: CostCurve, lookup: Lookup | None) -> float:
+    """Modelled speed-up of prompt lookup on one output. lookup None: every draft is cut to what passes (perfect
+    depth). Policies are made as the runtime makes them (their known priors; off until a shadow guess passes, unless
+    the prior promises a gain), and a switched-off one scores its first guess against the output."""
     seconds, steps = 0.0, proposals(ids, generated, sure)
     draft, possible = next(steps)
     while True:
-        policy = None
-        if not cut and len(draft):
-            policy = policies.get(draft.kind) or policies.setdefault(draft.kind, AdaptiveDepth(
-                curve, int, 8, shadowed=True, **known_prior(PromptLookup, draft.kind)))
-        depth = len(draft) if cut else policy.depth() if policy else 0
+        policy = lookup.policy(draft.kind) if lookup is not None and len(draft) else None
+        depth = len(draft) if lookup is None else policy.depth() if policy else 0
         passed = min(depth, possible)
-        tokens = draft.tokens[:passed if cut else depth]
+        tokens = draft.tokens[:passed if lookup is None else depth]
         if policy is not None and depth == 0 and policy.off:
             policy.shadow(possible > 0)
-        if tokens and not cut:
-            policy.update(len(tokens), passed, DRAFT_SECONDS, None, 1 + len(tokens))
-        seconds += curve(1 + len(tokens)) + (DRAFT_SECONDS if tokens else 0.0)
+        cost = curve(1 + len(tokens))
+        if tokens and lookup is not None:
+            policy.update(len(tokens), passed, DRAFT_SECONDS, cost, 1 + len(tokens))
+        elif lookup is not None:
+            lookup.plain.observe(cost, lookup.believed(1))
+        seconds += cost + (DRAFT_SECONDS if tokens else 0.0)
         try:
             draft, possible = steps.send(passed + 1)
         except StopIteration:
@@ -155,7 +182,8 @@ def kind_rates(runs: list[dict], levels: int = 8) -> dict[str, list[tuple[int, i
     return {kind: [tuple(level) for level in row] for kind, row in rates.items() if kind}
 
 
-def policy_speedups(runs: list[dict], curve: CostCurve, orders: int, fresh: bool) -> dict[str, list[float]]:
+def policy_speedups(runs: list[dict], curve: CostCurve, believed: CostCurve, orders: int,
+                    fresh: bool) -> dict[str, list[float]]:
     """Each category's per-prompt speed-ups under the adaptive policy, the prompts replayed in the benchmark's order
     and then in `orders - 1` shuffled orders, policies shared across the prompts as in the runtime; a prompt's value
     is its geometric mean over the orders. What the shared policies learned from earlier prompts moves a single
@@ -165,11 +193,11 @@ def policy_speedups(runs: list[dict], curve: CostCurve, orders: int, fresh: bool
     rng = random.Random(0)
     order = list(range(len(runs)))
     for _ in range(1 if fresh else orders):
-        policies: dict = {}
+        lookup = Lookup(believed)
         for i in order:
             if fresh:
-                policies = {}
-            logs[i].append(math.log(replay(runs[i]["ids"], runs[i]["n"], runs[i]["sure"], curve, policies, False)))
+                lookup = Lookup(believed)
+            logs[i].append(math.log(replay(runs[i]["ids"], runs[i]["n"], runs[i]["sure"], curve, lookup)))
         rng.shuffle(order)
     out: dict[str, list[float]] = {}
     for run, values in zip(runs, logs):
@@ -189,14 +217,16 @@ def main() -> None:
     parser.add_argument("--no-fold", action="store_true", help="tokens match only themselves, not up to case")
     parser.add_argument("--fresh", action="store_true", help="new policies for every prompt (one edge-run call)")
     parser.add_argument("--kinds", action="store_true", help="print each kind of draft's pass rate per level")
+    parser.add_argument("--history", type=int, default=0, help="earlier turns before each prompt (6: ~1,300 tokens)")
     parser.add_argument("--outputs", type=Path, help="where the plain outputs are kept (default: "
-                        "/tmp/edge-speculative-outputs[-held-out].json)")
+                        "/tmp/edge-speculative-outputs[-held-out][-historyN].json)")
     args = parser.parse_args()
-    suffix = "" if args.prompts == "benchmark" else f"-{args.prompts}"
+    suffix = ("" if args.prompts == "benchmark" else f"-{args.prompts}") + (f"-history{args.history}"
+                                                                            if args.history else "")
     args.outputs = args.outputs or Path(f"/tmp/edge-speculative-outputs{suffix}.json")
     data = json.loads(args.outputs.read_text()) if args.outputs.exists() else {}
     if "sure" not in (data.get("runs") or [{}])[0]:  # absent, or captured before root confidence was recorded
-        data = capture(args.tokens, PROMPT_SETS[args.prompts])
+        data = capture(args.tokens, PROMPT_SETS[args.prompts], args.history)
         args.outputs.write_text(json.dumps(data))
     curve = CostCurve(tuple(data["sizes"]), tuple(data["seconds"]))
     global FOLD
@@ -216,9 +246,11 @@ def main() -> None:
     rows: dict = {}
     for run in runs:
         row = rows.setdefault(run["category"], {"policy": [], "cut": [], "ceiling": []})
-        row["cut"].append(replay(run["ids"], run["n"], run["sure"], curve, {}, cut=True))
+        row["cut"].append(replay(run["ids"], run["n"], run["sure"], curve, None))
         row["ceiling"].append(lookup_ceiling(run["ids"], run["n"], curve))
-    for category, values in policy_speedups(runs, curve, args.orders, args.fresh).items():
+    sizes, seconds = data.get("believed", (data["sizes"], data["seconds"]))
+    believed = CostCurve(tuple(sizes), tuple(seconds))
+    for category, values in policy_speedups(runs, curve, believed, args.orders, args.fresh).items():
         rows[category]["policy"] = values
     print("| category | prompt lookup | drafts cut to what passes | lookup's ceiling |")
     print("|---|---|---|---|")

@@ -45,6 +45,10 @@ def test_the_replay_prices_a_copy_and_counts_its_kinds_passes():
     rates = replay.kind_rates([{"ids": ids, "n": len(answer), "sure": [True] * len(answer)}])
     trials, passes = rates["8+-gram"][0]
     assert trials > 10 and passes == trials - 1  # only the draft past the copy's end misses
-    policy = replay.replay(ids, len(answer), [True] * len(answer), curve, {}, cut=False)
-    cut = replay.replay(ids, len(answer), [True] * len(answer), curve, {}, cut=True)
+    policy = replay.replay(ids, len(answer), [True] * len(answer), curve, replay.Lookup(curve))
+    cut = replay.replay(ids, len(answer), [True] * len(answer), curve, None)
     assert 1.5 < policy <= cut
+    # believing a flat curve while the calls cost a steep one: the shared verify pace learns the difference
+    steep = CostCurve((1, 2, 4, 8), (1.0, 2.0, 4.0, 8.0))
+    believing = replay.replay(ids, len(answer), [True] * len(answer), steep, replay.Lookup(curve))
+    assert believing < policy
