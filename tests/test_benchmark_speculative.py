@@ -48,7 +48,7 @@ def test_the_replay_prices_a_copy_and_counts_its_kinds_passes():
     policy = replay.replay(ids, len(answer), [True] * len(answer), curve, replay.Lookup(curve))
     cut = replay.replay(ids, len(answer), [True] * len(answer), curve, None)
     assert 1.5 < policy <= cut
-    # believing a flat curve while the calls cost a steep one: the shared verify pace learns the difference
+    # policies that believe a flat curve while the calls cost a steep one: each call is priced on the steep one
     steep = CostCurve((1, 2, 4, 8), (1.0, 2.0, 4.0, 8.0))
     believing = replay.replay(ids, len(answer), [True] * len(answer), steep, replay.Lookup(curve))
     assert believing < policy
