@@ -37,8 +37,9 @@ EXPORTS = {"int4-edge": dict(quant="int4", kernels="edge", accuracy_level=4, zer
                              head="gptq", draft_head=DRAFT_HEAD)}
 # Bumped when a named export's options or graph change: its cache folder gets a new name, so an older export is not
 # reused (6: RMSNorms inside edge.QMatMul; 7: Gemma 3's q/k norms inside edge.Attention, for cached exports of
-# other sources: the default model's graph is the same; 8: o_proj and down_proj inside the edge.QMatMul after them).
-EXPORT_REVISIONS = {"int4-edge": 8}
+# other sources: the default model's graph is the same; 8: o_proj and down_proj inside the edge.QMatMul after them;
+# 9: the head's row tops, graph output logits_top).
+EXPORT_REVISIONS = {"int4-edge": 9}
 # Named exports an older edge made and this one never uses: the GPU's own graph (norms as nodes) until session 28.
 RETIRED_EXPORTS = ("int4-edge-cuda",)
 

@@ -317,13 +317,17 @@ class Engine:
             stats.generate_seconds = time.perf_counter() - start
 
     def _plain_tokens(self, logits, sampler: Sampler) -> Iterator[int]:
-        """One target call per token; a token is fed only when the consumer asks for the next one."""
+        """One target call per token; a token is fed only when the consumer asks for the next one. Greedy tokens
+        come from the step's row top where the graph gives one (Decoder.top): the logits' argmax, without reading
+        them back."""
+        top = None  # the prompt's logits may come from elsewhere (a kept prefix): the first token reads them
         while True:
-            token = sampler(logits)
+            token = int(top[0]) if top is not None and top[0] >= 0 else sampler(logits)
             yield token
             if len(self.tokens) >= self.context_length:
                 return
             logits = self.decoder.step([token])[0]
+            top = self.decoder.top[0] if sampler.params.greedy and self.decoder.top is not None else None
             self.tokens.append(token)
 
     def _fit_prompt(self, ids: list[int], config: GenerationConfig) -> list[int]:

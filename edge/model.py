@@ -17,6 +17,7 @@ import numpy as np
 from edge.errors import ContextOverflowError, PackageError
 from edge.kv_cache import KVCache
 from edge.package import Package
+from edge.kernels.graph import TOP
 from edge.session import create_session
 
 DEFAULT_PREFILL_CHUNK = 512
@@ -151,6 +152,11 @@ class Decoder:
         has_hidden = any(o.name == "hidden" for o in self.session.get_outputs())
         self._hidden = np.empty((max_rows, self.config.hidden_size), np.float32) if has_hidden else None
         self.hidden: np.ndarray | None = None  # the last step's rows of _hidden
+        # Each logits row's argmax and maximum, from the head's kernel (kernels/graph.py: with_top); None
+        # for graphs without it (stock ops, a GPU, older exports). Read them instead of the logits where they do.
+        has_top = any(o.name == TOP for o in self.session.get_outputs())
+        self._top = np.empty((max_rows, 2), np.float32) if has_top else None
+        self.top: np.ndarray | None = None  # the last step's rows of _top: (rows, 2), index -1 where none
         self._zeros = CausalBias()
         self._bindings: dict[tuple[int, int], StepBinding] = {}  # (tokens, logits rows) -> its binding
 
@@ -184,6 +190,9 @@ class Decoder:
         if self._hidden is not None:
             self.hidden = self._hidden[:rows]
             bound.bind_output("hidden", self.hidden)
+        if self._top is not None:
+            self.top = self._top[:rows]
+            bound.bind_output(TOP, self.top)
         self.session.run_with_iobinding(bound.binding)
         self.cache.length += len(tokens)
         return out

@@ -262,6 +262,7 @@ class PagedDecoder:
 
     prefill = Decoder.prefill  # chunked prompt feeding and reset work unchanged on top of step()
     reset = Decoder.reset
+    top = None  # its head graph has no row tops (Decoder.top): greedy steps read the logits
 
     def __init__(self, package: Package, context_length: int | None = None, device: str = "cpu",
                  threads: int | None = None, max_rows: int = 64, window: int = 2, pinned: int = 0,

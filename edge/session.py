@@ -85,6 +85,15 @@ def kv_retyped(graph: Path, dtype: str) -> bytes | None:
     return model.SerializeToString()
 
 
+def without_row_tops(model: str | bytes) -> bytes | None:
+    """The graph without the head's output of row tops (kernels/graph.py: with_top), serialised; None when it has
+    none. Only the CPU kernel computes them: edge.QMatMul refuses the attribute on CUDA."""
+    from edge.kernels.graph import without_top
+
+    proto = onnx.load(model, load_external_data=False) if isinstance(model, str) else onnx.load_from_string(model)
+    return proto.SerializeToString() if without_top(proto) else None
+
+
 def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
                    custom_ops: list[str] | None = None, spin: bool | None = None,
                    kv_dtype: str | None = None) -> ort.InferenceSession:
@@ -125,6 +134,9 @@ def create_session(graph: Path, device: str = "cpu", threads: int | None = None,
     retyped = kv_retyped(graph, kv_dtype) if kv_dtype is not None else None
     if retyped is not None:
         model = retyped
+    if device != "cpu":
+        model = without_row_tops(model) or model
+    if model != str(graph):
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
     try:
         session = ort.InferenceSession(model, sess_options=options, providers=providers)

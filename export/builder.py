@@ -190,6 +190,9 @@ class BuildOptions:
     # and then the plain matmul before each such node (o_proj, down_proj) runs inside it as its pre-projection
     # (kernels/graph.py: fuse_pre_projections); 59 fewer nodes again for SmolLM2
     fuse_pre_projections: bool = True
+    # kernels="edge": the head's edge.QMatMul also outputs each row's argmax and maximum (graph output
+    # "logits_top", kernels/graph.py: with_top), so greedy steps and verify calls need not read the logits back
+    head_top: bool = True
     # The KV cache's element type: "float16" (kernels="edge" only) halves what a step reads of a long context
     # (edge.Attention widens each row as it reads it); "float32" is GroupQueryAttention's with float32 activations.
     kv_dtype: str = "float32"
@@ -219,6 +222,7 @@ class DecoderBuilder:
         self.data = data
         self.opt = options
         self.g = _Graph()
+        self.top = False  # the graph outputs "logits_top" (head_top)
 
     # -- initializers -------------------------------------------------------------------------------------------
     def weight(self, name: str, array: np.ndarray) -> str:
@@ -507,6 +511,7 @@ class DecoderBuilder:
         # the rows the head read: what a draft head (export/draft_head.py) continues from
         self.g.nodes.append(helper.make_node("Identity", [picked], ["hidden"], name="hidden"))
         self.g.nodes = fuse_for_kernels(self.g.nodes, self.opt, {"logits", "hidden"})
+        self.top = self.opt.kernels == "edge" and self.opt.head_top and head_top(self.g.nodes)
         progress(1)
         return self.model()
 
@@ -527,6 +532,10 @@ class DecoderBuilder:
             inputs.append(helper.make_tensor_value_info("attention_bias", f32, [1, 1, "seq", "total"]))
         outputs = [helper.make_tensor_value_info("logits", f32, ["rows", cfg.vocab_size]),
                    helper.make_tensor_value_info("hidden", f32, ["rows", cfg.hidden_size])]
+        if self.top:
+            from edge.kernels.graph import TOP
+
+            outputs.append(helper.make_tensor_value_info(TOP, f32, ["rows", 2]))
         for i in range(len(self.kept_layers())):
             for kind in ("key", "value"):
                 inputs.append(helper.make_tensor_value_info(f"past_{kind}.{i}", kv, cache))
@@ -537,6 +546,14 @@ class DecoderBuilder:
             opsets.append(helper.make_opsetid("edge", 1))
         model = helper.make_model(graph, opset_imports=opsets, producer_name="edge", ir_version=IR_VERSION)
         return model
+
+
+def head_top(nodes: list[onnx.NodeProto]) -> bool:
+    """Output 2 on the edge.QMatMul whose result is the graph's logits (kernels/graph.py: with_top)."""
+    from edge.kernels.graph import with_top
+
+    source = next((n.input[0] for n in nodes if n.op_type == "Identity" and list(n.output) == ["logits"]), None)
+    return source is not None and with_top(nodes, source)
 
 
 def fuse_for_kernels(nodes: list[onnx.NodeProto], opt: BuildOptions, outputs: set[str]) -> list[onnx.NodeProto]:

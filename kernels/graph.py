@@ -160,6 +160,40 @@ def _with_projection(projection: onnx.NodeProto, user: onnx.NodeProto) -> onnx.N
     return node
 
 
+TOP = "logits_top"  # the graph output with each logits row's argmax and maximum
+
+
+def with_top(nodes: list[onnx.NodeProto], logits: str) -> bool:
+    """Give the edge.QMatMul that computes `logits` its output 2, TOP: (rows, 2) floats, each row's first argmax
+    and its value, found as each chunk of columns is computed (kernels/cpu/row_top.h), so that greedy decoding and
+    verification need not read the logits back. False where no such node makes them (stock ops, a gated head)."""
+    for node in nodes:
+        if node.domain == DOMAIN and node.op_type == OP_TYPE and node.output and node.output[0] == logits:
+            if any(a.name == "activation" for a in node.attribute):
+                return False
+            outputs = list(node.output) + [""] * (2 - len(node.output))
+            del node.output[:]
+            node.output.extend(outputs[:2] + [TOP])
+            node.attribute.append(helper.make_attribute("top", 1))
+            return True
+    return False
+
+
+def without_top(model: onnx.ModelProto) -> bool:
+    """Drop output 2 from a graph (for a GPU, whose kernel does not compute it); False where there was none."""
+    for node in model.graph.node:
+        if node.domain == DOMAIN and len(node.output) > 2 and node.output[2] == TOP:
+            del node.output[2:]
+            kept = [a for a in node.attribute if a.name != "top"]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+            outputs = [o for o in model.graph.output if o.name != TOP]
+            del model.graph.output[:]
+            model.graph.output.extend(outputs)
+            return True
+    return False
+
+
 def qmatmul_tensors(packed: PackedWeight, prefix: str, bias: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The node's weight tensors by name (to store as initializers or feed as inputs)."""
     arrays = packed.inputs()

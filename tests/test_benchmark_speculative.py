@@ -32,6 +32,19 @@ def test_targets_name_the_lowest_cell_and_auto():
     assert "lowest 0.94" in text and "(recycling, rewrite)" in text
 
 
+def test_the_model_prices_each_call_at_its_own_size():
+    from edge.speculative import CostCurve
+    from edge.speculative.stats import SpeculativeStats
+
+    curve = CostCurve((1, 5, 9), (1.0, 1.1, 2.0))
+    stats = SpeculativeStats()
+    stats.record("lookup", 8, 8)  # 9 rows, 9 tokens
+    stats.record("", 0, 0)  # 1 row, 1 token
+    assert stats.calls_by_rows == {9: 1, 1: 1}
+    # 10 tokens for 3.0 of 1-token time; the mean size (5 rows, 1.1) would have said 10 / 2.2
+    assert abs(speculative.modelled_ratio(stats, curve) - 10 / 3.0) < 1e-12
+
+
 def test_the_replay_prices_a_copy_and_counts_its_kinds_passes():
     """benchmarks/speculative_replay.py on a synthetic answer that copies its prompt and then leaves it: long matches
     pass at every level until the answer leaves the copy, the replay prices the copy above plain decoding, and

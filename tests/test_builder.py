@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 from edge.export.pipeline import export_model
@@ -329,9 +330,35 @@ def test_edge_kernels_package_matches_dequantized_weights_and_is_batch_invariant
     ids = [int(t) for t in np.random.default_rng(3).integers(0, 96, 12)]
     together = decoder.step(ids, logits_rows=list(range(12))).copy()
     assert max_rel_error(together, reference_logits(model, ids)) < 1e-4
+    # the head's row tops: each row's argmax and maximum, as numpy finds them in the logits
+    np.testing.assert_array_equal(decoder.top[:, 0], together.argmax(1))
+    np.testing.assert_array_equal(decoder.top[:, 1], together.max(1))
     decoder.reset()
     one_by_one = np.stack([decoder.step([t])[0].copy() for t in ids])
     assert np.array_equal(one_by_one, together)
+
+
+def test_a_gpu_loads_the_graph_without_row_tops(tmp_path):
+    """edge.QMatMul computes output 2 on the CPU only: create_session drops it for a GPU, and the graph left runs."""
+    from edge.kernels import library_path, register
+    from edge.kernels.graph import TOP
+    from edge.session import without_row_tops
+
+    if library_path() is None:
+        pytest.skip("kernel library not built")
+    _, imported = tiny_llama(seed=6)
+    export_model("tiny", tmp_path / "pkg", quant="int4", model=imported, kernels="edge", head="rtn")
+    graph = tmp_path / "pkg" / "model.onnx"
+    assert TOP in [o.name for o in onnx.load(str(graph), load_external_data=False).graph.output]
+    stripped = onnx.load_from_string(without_row_tops(str(graph)))
+    assert TOP not in [o.name for o in stripped.graph.output]
+    assert all(TOP not in n.output and not any(a.name == "top" for a in n.attribute) for n in stripped.graph.node)
+    assert without_row_tops(stripped.SerializeToString()) is None
+    options = ort.SessionOptions()
+    register(options)
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
+    session = ort.InferenceSession(stripped.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert TOP not in [o.name for o in session.get_outputs()]
 
 
 def test_edge_kernels_accuracy_level_reaches_the_graph(tmp_path):

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from onnx import helper
+from onnx import TensorProto, helper
 import pytest
 
 import edge.kernels as ek
 from edge.errors import EdgeError
-from edge.kernels.graph import qmatmul_model
+from edge.kernels.graph import TOP, qmatmul_model, with_top
 from kernels_util import (DEVICE, QMatMulRunner, assert_close_to_reference, cuda_available, ensure_library,
                           make_weight, run_test_file)
 
@@ -273,12 +273,47 @@ def test_bad_outliers_are_a_clear_error() -> None:
         sess.run(None, feeds)
 
 
+def check_row_tops() -> None:
+    """Output 2 (top = 1) against numpy: each row's first argmax and its maximum exactly, ties included."""
+    rng = np.random.default_rng(7)
+    n, k = 3001, 64  # 376 tiles in 8 chunks, the last tile partial
+    codes = rng.integers(0, 16, size=(n, k)).astype(np.uint8)
+    scales = rng.uniform(0.01, 0.1, size=(n, 2)).astype(np.float32)
+    zeros = rng.integers(0, 16, size=(n, 2)).astype(np.uint8)
+    x = rng.standard_normal((40, k)).astype(np.float32) * 3
+    x[-1] = 0.0  # every column 0: column 0 wins
+    first = (x[:2] @ ek.dequantize(ek.pack(codes, scales, zeros, bits=4, group_size=32), codes).T).argmax(1)
+    assert first[0] < n - 1 and first[1] < n - 2 and first[1] + 1 != first[0]
+    # each of the first two rows' maximum copied to a later column: the last (another chunk), and the next one
+    for copy, source in ((n - 1, first[0]), (first[1] + 1, first[1])):
+        codes[copy], scales[copy], zeros[copy] = codes[source], scales[source], zeros[source]
+    model, _ = qmatmul_model(ek.pack(codes, scales, zeros, bits=4, group_size=32), ["M", k])
+    assert with_top(list(model.graph.node), "Y")
+    model.graph.output.append(helper.make_tensor_value_info(TOP, TensorProto.FLOAT, ["M", 2]))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    ek.register(so)
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    y, tops = sess.run(None, {"X": x})
+    assert y[0, first[0]] == y[0, n - 1] and y[1, first[1]] == y[1, first[1] + 1], "the columns do not tie"
+    assert list(tops[:2, 0]) == list(first) and tops[-1, 0] == 0
+    np.testing.assert_array_equal(tops[:, 0], y.argmax(1))
+    np.testing.assert_array_equal(tops[:, 1], y.max(1))
+
+
+@cpu_only
+def test_row_tops_are_numpys_argmax_and_maximum() -> None:
+    ensure_library()
+    check_row_tops()
+
+
 @cpu_only
 @pytest.mark.parametrize("n,attribute,value,message", [
     (16, "bits", 5, "bits must be 2, 3, 4 or 8"),
     (16, "accuracy_level", 2, "accuracy_level must be 0"),
     (16, "activation", 3, "activation must be 0"),
     (12, "activation", 1, "multiple of 8"),  # a gated activation needs whole tiles of 4 gate and 4 up rows
+    (16, "top", 2, "top must be 0 or 1"),
 ])
 def test_bad_attribute_fails_at_session_creation(n: int, attribute: str, value: int, message: str) -> None:
     ensure_library()
@@ -324,6 +359,8 @@ for bits in (2, 3, 4, 8):
     y = QMatMulRunner(packed, bias)(x)
     assert_close_to_reference(y, x, w, bias)
     out[f"{bits}-two-level"] = y.tobytes().hex()
+from test_kernels import check_row_tops
+check_row_tops()  # this path's own row tops (row_top or row_top_avx2)
 print(json.dumps(out))
 """
 

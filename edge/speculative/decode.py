@@ -25,17 +25,18 @@ SURE = 0.8  # the target's probability of the root at and above which the root c
 KNOWN_WEIGHT = 8.0  # pseudo-trials behind a drafter's known first-guess acceptance (~8 verify calls' evidence)
 
 
-def root_is_sure(row: np.ndarray | None, scratch: np.ndarray | None = None) -> bool:
+def root_is_sure(row: np.ndarray | None, scratch: np.ndarray | None = None, top: float | None = None) -> bool:
     """Whether the target gave its top token at least SURE probability in `row` (its logits for the root, softmax
     at temperature 1): where it hesitates, the text is not being copied and a short lookup match rarely passes.
 
     It runs after a step has left the caches cold, on most steps of a switched-off prompt lookup, where each numpy
-    call costs tens of microseconds whatever its size: so four calls, into `scratch` (the row's shape; none given:
-    allocated) rather than a fresh array. Measured in the loop: ~145 us a call, against ~210 us summing only the
-    logits within 16 of the maximum (fewer exps, but a mask, a gather and their allocations)."""
+    call costs tens of microseconds whatever its size: so three or four calls, into `scratch` (the row's shape; none
+    given: allocated) rather than a fresh array, and none for the maximum where the step gave it (`top`, Decoder.top).
+    Measured in the loop: ~145 us a call, against ~210 us summing only the logits within 16 of the maximum (fewer
+    exps, but a mask, a gather and their allocations)."""
     if row is None:
         return False
-    shifted = np.subtract(row, row.max(), out=scratch)
+    shifted = np.subtract(row, row.max() if top is None else top, out=scratch)
     return float(np.add.reduce(np.exp(shifted, out=shifted))) <= 1.0 / SURE
 
 
@@ -138,8 +139,10 @@ class Speculator:
             d.reset()
 
     def _draft(self, decoder: Decoder, context: list[int], depth_cap: int, node_cap: int,
-               root_row: np.ndarray | None) -> tuple[Drafter | None, Draft, AdaptiveDepth | FixedDepth | None, float]:
-        """root_row: the target's logits the root was chosen from (None: not known), for confidence_kinds."""
+               root_row: np.ndarray | None, root_max: float | None = None
+               ) -> tuple[Drafter | None, Draft, AdaptiveDepth | FixedDepth | None, float]:
+        """root_row: the target's logits the root was chosen from (None: not known), for confidence_kinds; root_max:
+        their maximum where the step gave it (Decoder.top)."""
         start = time.perf_counter()
         self._shadows.clear()
         for drafter in self.drafters:
@@ -153,7 +156,7 @@ class Speculator:
                 if not len(draft):
                     continue  # no guess this step: nothing to judge
             if draft is not None and draft.kind in drafter.confidence_kinds:
-                draft.kind += "/sure" if self._root_is_sure(root_row) else "/unsure"
+                draft.kind += "/sure" if self._root_is_sure(root_row, root_max) else "/unsure"
             policy = self._policy(drafter, decoder, draft.kind if draft is not None else "")
             depth = min(policy.depth(), depth_cap)
             while depth > 0 and drafter.size(depth) > node_cap:
@@ -169,10 +172,10 @@ class Speculator:
                 policy.declined()
         return None, Draft(), None, time.perf_counter() - start
 
-    def _root_is_sure(self, row: np.ndarray | None) -> bool:
+    def _root_is_sure(self, row: np.ndarray | None, top: float | None = None) -> bool:
         if row is not None and (self._scratch is None or self._scratch.shape != row.shape):
             self._scratch = np.empty_like(row)
-        return root_is_sure(row, self._scratch)
+        return root_is_sure(row, self._scratch, top)
 
     def _observe(self, tokens: list[int], rows: np.ndarray, path: list[int], produced: list[int] | None) -> None:
         """Show the drafters that learn from the target (token recycling) the accepted path's rows.
@@ -247,6 +250,7 @@ class Speculator:
         sampler = Sampler(params)
         root, fresh, single = sampler(logits), True, False  # first: `logits` is a view the next step overwrites
         root_row: np.ndarray | None = logits  # what the target said of the root: read before the next step
+        root_max: float | None = None  # their maximum, where the step that chose the root gave it (Decoder.top)
         start = time.perf_counter()
         for d in self.drafters:
             d.prepare(params)
@@ -266,14 +270,15 @@ class Speculator:
                 depth_cap = 0 if single else max_tokens - yielded - 1  # never draft what would not be emitted
                 node_cap = min(decoder.cache.capacity - len(history), decoder.max_rows) - 1
                 drafter, draft, policy, draft_seconds = self._draft(decoder, history + [root], depth_cap, node_cap,
-                                                                    root_row)
+                                                                    root_row, root_max)
                 stats.draft_seconds += draft_seconds
                 start = time.perf_counter()
                 past = decoder.cache.length
                 tokens, positions, bias = tree_inputs(past, root, draft)
                 rows = decoder.step(tokens, positions, list(range(len(tokens))), bias)
+                top = getattr(decoder, "top", None)  # each row's argmax and maximum, where the graph gives them
                 if params.greedy:
-                    verdict = accept_greedy(draft, rows, margin if len(tokens) > 1 else 0.0)
+                    verdict = accept_greedy(draft, rows, margin if len(tokens) > 1 else 0.0, top)
                 else:
                     verdict = accept_sampled(draft, rows, params, sampler.rng)
                 path = verdict.path if verdict.next_token is not None else verdict.path[:-1]
@@ -298,8 +303,11 @@ class Speculator:
                 if verdict.next_token is None:  # a near-tie in a multi-token row: decide it with a 1-token step
                     stats.near_ties += 1
                     root, fresh, single, root_row = tokens[verdict.path[-1]], len(verdict.path) > 1, True, None
+                    root_max = None
                 else:
                     root, fresh, single, root_row = verdict.next_token, True, False, rows[verdict.path[-1]]
+                    root_max = (float(top[verdict.path[-1], 1]) if top is not None and top[verdict.path[-1], 0] >= 0
+                                else None)
         finally:
             keep = base + max(yielded - 1, 0)
             if len(history) > keep:

@@ -215,6 +215,18 @@ OrtStatus* bind_tensors(const QMatMulKernel& k, OrtKernelContext* ctx, BoundTens
   if (OrtStatus* st = g_ort.GetTensorMutableData(y, &y_data)) return st;
   if (half) out->y16 = static_cast<uint16_t*>(y_data);
   else a.y = static_cast<float*>(y_data);
+  if (k.top) {
+    if (half || k.gated)
+      return make_status(kOrtInvalidArgument, "edge.QMatMul: output 2 (each row's argmax and maximum) needs "
+                                              "float32 X and no activation");
+    std::vector<int64_t> top_dims = in[0]->dims;
+    top_dims.back() = 2;
+    OrtValue* top = nullptr;
+    if (OrtStatus* st = g_ort.KernelContext_GetOutput(ctx, 2, top_dims.data(), top_dims.size(), &top)) return st;
+    void* top_data = nullptr;
+    if (OrtStatus* st = g_ort.GetTensorMutableData(top, &top_data)) return st;
+    out->top = static_cast<float*>(top_data);
+  }
   if (k.norm) {
     out->norm_weight = static_cast<const float*>(in[13]->data);
     if (in[12]->value != nullptr) {  // then the node has output 1: X + skip, the residual stream going on

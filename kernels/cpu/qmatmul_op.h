@@ -27,6 +27,7 @@ struct QMatMulKernel {
   int gated = 0;  // attribute activation: 1 silu(gate) * up, 2 gelu_tanh(gate) * up (QMatMulArgs::gated)
   bool norm = false;  // attribute norm_epsilon given: X (+ skip) is RMS-normalised first (rms_norm.h)
   float norm_epsilon = 0.0f;
+  bool top = false;  // attribute top = 1: the node's output 2 is each row's argmax and maximum (row_top.h)
   // The inputs that are constant initializers (the weights of a resident model), described once when the kernel is
   // made (CPU only): a call then reads only the others, where each input costs ~8 C API calls. Empty: read per call.
   TensorView constants[kQMatMulInputs];
@@ -59,6 +60,9 @@ struct BoundTensors {
   const float* skip = nullptr;
   const float* norm_weight = nullptr;
   float* sum = nullptr;
+  // Output 2 (row_top.h), where the node has it: (..., 2) floats per row of Y, its argmax and maximum.
+  // float32 Y without the gate only; computed on the CPU only.
+  float* top = nullptr;
   // The pre-projection (QMatMulKernel::pre): its args with x = X; its y, and args.x, are set by the EP's compute.
   bool has_pre = false;
   QMatMulArgs pre;

@@ -32,6 +32,7 @@
 #include "qmatmul.h"
 #include "qmatmul_op.h"
 #include "rms_norm.h"
+#include "row_top.h"
 #include "team.h"
 
 namespace edge {
@@ -51,7 +52,7 @@ int input_type(const OrtCustomOp*, size_t index) {
 int input_type_f16(const OrtCustomOp* op, size_t index) { return index == 0 ? kOrtFloat16 : input_type(op, index); }
 int output_type_f16(const OrtCustomOp*, size_t) { return kOrtFloat16; }
 size_t input_count(const OrtCustomOp*) { return kQMatMulInputs + kPreInputs; }
-size_t output_count(const OrtCustomOp*) { return 2; }
+size_t output_count(const OrtCustomOp*) { return 3; }
 int input_characteristic(const OrtCustomOp*, size_t index) { return index < 3 ? kOrtRequired : kOrtOptional; }
 int output_characteristic(const OrtCustomOp*, size_t index) { return index == 0 ? kOrtRequired : kOrtOptional; }
 const char* op_name(const OrtCustomOp*) { return "QMatMul"; }
@@ -100,6 +101,8 @@ OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelIn
   const int64_t activation = optional_attr(info, "activation", 0);  // 1 or 2, a gated activation (QMatMulArgs::gated)
   k->gated = static_cast<int>(activation);
   const int64_t pre_k = optional_attr(info, "pre_K", 0);  // a pre-projection (QMatMulKernel::pre)
+  const int64_t top = optional_attr(info, "top", 0);  // output 2 (QMatMulKernel::top)
+  k->top = top == 1;
   if (st == nullptr) {  // optional: present, the norm mode (inputs skip and norm_weight)
     if (OrtStatus* missing = g_ort.KernelInfoGetAttribute_float(info, "norm_epsilon", &k->norm_epsilon)) {
       g_ort.ReleaseStatus(missing);
@@ -126,6 +129,10 @@ OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi*, const OrtKernelIn
     else if (pre_k < 0 || (pre_k > 0 && !k->norm))
       err = "pre_K must be positive and comes with norm_epsilon (the projection before the residual add), got " +
             std::to_string(pre_k);
+    else if (top != 0 && (top != 1 || activation != 0))
+      err = "top must be 0 or 1, and 1 (output 2: each row's argmax and maximum) only without an activation";
+    else if (top == 1 && op->GetExecutionProviderType(op) != nullptr)
+      err = "top = 1 is computed on the CPU only; on a GPU edge loads the graph without output 2";
     if (!err.empty()) st = make_status(kOrtInvalidArgument, "edge.QMatMul: " + err);
   }
   if (st != nullptr) {
@@ -170,6 +177,7 @@ struct TileJob {
   TilesFn fn;
   int64_t chunks;
   int64_t bounds[kMaxTileChunks + 1];  // chunk i: pairs of tiles [bounds[i], bounds[i + 1])
+  RowTop* tops = nullptr;  // output 2 asked for: each chunk's top of each row, (chunks, M)
 };
 
 // Chunk borders in pairs of tiles. On the team each thread's share runs from big chunks to small ones (weights k, k-1,
@@ -223,6 +231,26 @@ void run_chunk(void* user, size_t index) {
   if (t0 >= t1) return;
   if (job->args->scale_codes != nullptr) run_two_level(*job->args, job->fn, t0, t1);
   else job->fn(*job->args, t0, t1);
+  if (job->tops == nullptr) return;
+  const QMatMulArgs& a = *job->args;  // output 2 needs ungated float32 Y (bind_tensors): rows of N floats
+  const int64_t c0 = t0 * 8, c1 = std::min(t1 * 8, a.N);
+  const auto top = uses_avx2() ? row_top_avx2 : row_top;
+  for (int64_t m = 0; m < a.M; ++m) job->tops[i * a.M + m] = top(a.y + m * a.N + c0, c0, c1);
+}
+
+// Output 2: the chunks' tops merged in column order, as (index, maximum) pairs of floats (an index below 2^24 is
+// exact in a float). A chunk with no tiles has no top.
+void write_tops(const TileJob& job, float* out) {
+  const int64_t M = job.args->M;
+  for (int64_t m = 0; m < M; ++m) {
+    RowTop top{0.0f, -1};
+    for (int64_t i = 0; i < job.chunks; ++i) {
+      const int64_t t0 = 2 * job.bounds[i], t1 = std::min<int64_t>(2 * job.bounds[i + 1], job.args->tiles);
+      if (t0 < t1) merge_top(top, job.tops[i * M + m]);
+    }
+    out[2 * m] = static_cast<float>(top.index);
+    out[2 * m + 1] = top.max;
+  }
 }
 
 // fn(m0, m1) over rows [0, M) of a call's prologue (its norm, its activation digits): split by rows over the team
@@ -301,8 +329,9 @@ void prepare_two_level(QMatMulArgs& a) {
   }
 }
 
-// Prepare the activations and run every tile, split over ORT's threads when the call is big enough.
-OrtStatus* run_tiles(QMatMulArgs& a, OrtKernelContext* ctx) {
+// Prepare the activations and run every tile, split over ORT's threads when the call is big enough. top: output 2,
+// or null.
+OrtStatus* run_tiles(QMatMulArgs& a, OrtKernelContext* ctx, float* top = nullptr) {
   TileJob job{&a, select_tiles_fn(a.bits, a.digits), 1, {}};
   prepare_activations(a, job.fn);
   prepare_two_level(a);
@@ -310,8 +339,17 @@ OrtStatus* run_tiles(QMatMulArgs& a, OrtKernelContext* ctx) {
   const int64_t work = a.M * a.Kp * a.tiles * 8;
   if (work >= (int64_t{1} << 17) && a.tiles >= 4) job.chunks = std::min<int64_t>(a.tiles / 2, kMaxTileChunks);
   tile_bounds(job, (a.tiles + 1) / 2, team_members());
-  if (job.chunks > 1) return parallel_for(ctx, run_chunk, static_cast<size_t>(job.chunks), &job);
-  run_chunk(&job, 0);
+  thread_local std::vector<RowTop> tops;
+  if (top != nullptr) {
+    tops.resize(static_cast<size_t>(job.chunks * a.M));
+    job.tops = tops.data();
+  }
+  if (job.chunks > 1) {
+    if (OrtStatus* st = parallel_for(ctx, run_chunk, static_cast<size_t>(job.chunks), &job)) return st;
+  } else {
+    run_chunk(&job, 0);
+  }
+  if (top != nullptr) write_tops(job, top);
   return nullptr;
 }
 
@@ -360,7 +398,7 @@ OrtStatus* compute_cpu(void* kernel, OrtKernelContext* ctx) {
     a.x = x32.data();
     a.y = y32.data();
   }
-  if (OrtStatus* st = run_tiles(a, ctx)) return st;
+  if (OrtStatus* st = run_tiles(a, ctx, t.top)) return st;
   if (t.y16 != nullptr)
     for (size_t i = 0; i < y32.size(); ++i) t.y16[i] = float_to_half(y32[i]);
   return nullptr;
