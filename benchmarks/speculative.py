@@ -243,7 +243,7 @@ def lookup_ceiling(ids: list[int], generated: int, curve, max_depth: int = 8) ->
 def modelled_ratio(spec, curve) -> float:
     """Speed over plain decoding predicted from the measured cost curve and this run's calls (verify cost only):
     immune to the neighbours' load, which the measured ratio is not. Each call is priced at its own size: the curve
-    is convex, so pricing the mean size overstated the ratio (rewrite, session 42: 2.67 against 2.50)."""
+    is convex past a few rows, so pricing a mix of 1- and 9-row calls at their mean size overstated the ratio ~7%."""
     if spec is None or not spec.target_calls:
         return 1.0
     seconds = sum(calls * curve(rows) for rows, calls in spec.calls_by_rows.items())

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from edge.errors import ContextOverflowError, PackageError
+from edge.kernels.graph import TOP
 from edge.kv_cache import KVCache
 from edge.package import Package
-from edge.kernels.graph import TOP
 from edge.session import create_session
 
 DEFAULT_PREFILL_CHUNK = 512
