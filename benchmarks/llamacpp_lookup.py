@@ -156,8 +156,10 @@ class LlamaCpp:
 
         self._counting, self._lookup_class = Counting, lookup
 
-    def generate(self, ids: list[int], new_tokens: int, pred_tokens: int | None = None) -> Counted:
-        """Greedy decoding of `ids` from an empty cache; `pred_tokens` turns on prompt lookup with that draft length."""
+    def generate(self, ids: list[int], new_tokens: int, pred_tokens: int | None = None,
+                 sampling: dict | None = None) -> Counted:
+        """Greedy decoding of `ids` from an empty cache; `pred_tokens` turns on prompt lookup with that draft length.
+        sampling: llama.cpp's sampler settings (temp, top_k, top_p, ...) instead of greedy, every other sampler off."""
         if pred_tokens is None:
             llm, drafter = self._plain, None
         else:
@@ -166,7 +168,8 @@ class LlamaCpp:
         llm.reset()  # no prefix reuse across runs: every run prefills its whole prompt
         out: list[int] = []
         start = None
-        gen = llm.generate(ids, temp=0.0, repeat_penalty=1.0, reset=True)
+        settings = dict(temp=0.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0)
+        gen = llm.generate(ids, **{**settings, **(sampling or {})}, reset=True)
         try:
             for token in gen:
                 if start is None:

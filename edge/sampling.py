@@ -33,39 +33,118 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The sampling distribution over the vocabulary (float64, sums to 1). Greedy is a point mass on the argmax."""
-    logits = np.asarray(logits, dtype=np.float64)
-    probs = np.zeros_like(logits)
+def probabilities(logits: np.ndarray, params: SamplingParams, out: np.ndarray | None = None) -> np.ndarray:
+    """The sampling distribution over the vocabulary (float64, sums to 1). Greedy is a point mass on the argmax.
+
+    out: a float64 array of the vocabulary's size to write into (a Sampler's workspace); None: a new one. Each call
+    used to allocate half a dozen vocabulary-sized arrays, gather and scatter the whole vocabulary and argsort it for
+    top-p: 1.3-1.6 ms a token for SmolLM2's 49,152 logits without top-p and 6.9 ms with top_p 0.9, against a ~4.5 ms
+    decode step on 2 cores (session 43). Without top-k the values are bit for bit those of that version (the same
+    operations on the same float64 numbers, in place); with it, within rounding (the k kept are softmaxed in index
+    order now).
+    """
+    logits = np.asarray(logits)
+    probs = np.empty(logits.shape[-1], np.float64) if out is None else out
     if params.greedy:
+        probs.fill(0.0)
         probs[int(np.argmax(logits))] = 1.0
         return probs
-    candidates = np.arange(logits.size)
-    if 0 < params.top_k < logits.size:
-        candidates = np.argpartition(logits, -params.top_k)[-params.top_k:]
-    scaled = logits[candidates] / params.temperature
-    weights = np.exp(scaled - scaled.max())
-    weights /= weights.sum()
+    candidates = None  # None: the whole vocabulary, its weights in `probs`
+    if 0 < params.top_k < probs.size:
+        candidates = top_k(logits, params.top_k)
+        weights = _softmax(logits[candidates], params.temperature)
+    else:
+        weights = _softmax(logits, params.temperature, probs)
     if params.top_p < 1.0:
-        order = np.argsort(-weights, kind="stable")
-        cumulative = np.cumsum(weights[order])
-        keep = order[: int(np.searchsorted(cumulative, params.top_p)) + 1]  # smallest set reaching top_p
-        candidates, weights = candidates[keep], weights[keep] / weights[keep].sum()
-    probs[candidates] = weights
+        keep = nucleus(weights, params.top_p)
+        candidates = keep if candidates is None else candidates[keep]
+        weights = weights[keep] / weights[keep].sum()
+    if candidates is not None:
+        probs.fill(0.0)
+        probs[candidates] = weights
     return probs
 
 
-class Sampler:
-    """Draws tokens with its own seeded generator, so a seed reproduces a whole generation."""
+def top_k(logits: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest logits, in index order; ties at the k-th value go to the lower indices.
 
-    def __init__(self, params: SamplingParams):
+    Found among the logits within a spread of the largest, the spread doubling until k are in (a real model's top
+    40 lie within a few units of its maximum, and most of SmolLM2's logits within 16): np.argpartition over its
+    49,152 logits took ~0.45 ms (session 43), and left ties to its own order."""
+    top, spread = float(logits.max()), 0.5
+    for _ in range(16):
+        head = np.flatnonzero(logits >= top - spread)
+        if head.size >= k:
+            break
+        spread *= 2.0
+    else:  # flat, or non-finite: the whole vocabulary
+        head = np.arange(logits.size)
+    return np.sort(head[np.argsort(-logits[head], kind="stable")[:k]])
+
+
+def _softmax(logits: np.ndarray, temperature: float, out: np.ndarray | None = None) -> np.ndarray:
+    """exp(x / t - max) normalised, in float64 (into `out` where given): a pass fewer than copying first."""
+    scaled = np.divide(logits, temperature, out=out, dtype=np.float64)
+    np.subtract(scaled, scaled.max(), out=scaled)
+    np.exp(scaled, out=scaled)
+    scaled /= scaled.sum()
+    return scaled
+
+
+def nucleus(weights: np.ndarray, top_p: float) -> np.ndarray:
+    """Indices of the smallest set of weights reaching top_p, largest first (ties: lower index first).
+
+    What a stable argsort of the whole vocabulary gives, found among the largest weights only: those at or above
+    a bound, sorted alone, come first in the full order and in the same order, and their running sums are the full
+    order's first ones. The bound starts 2^10 below the largest weight (a real model's nucleus is a few hundred
+    tokens) and falls 2^10-fold until the set reaches top_p; a flat distribution ends in the full sort."""
+    bound = float(weights.max())
+    for _ in range(3):
+        bound *= 2.0 ** -10
+        head = np.flatnonzero(weights >= bound)
+        order = head[np.argsort(-weights[head], kind="stable")]
+        needed = int(np.searchsorted(np.cumsum(weights[order]), top_p))
+        if needed < order.size:
+            return order[:needed + 1]
+    order = np.argsort(-weights, kind="stable")
+    return order[:int(np.searchsorted(np.cumsum(weights[order]), top_p)) + 1]
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator, cdf: np.ndarray | None = None) -> int:
+    """One index drawn from `probs`: exactly what rng.choice(probs.size, p=probs) draws from the same generator state
+    (its cumulative sums, normalised by the last, searched for one uniform double), without its checks and
+    temporaries (rng.choice took ~0.35 ms over 49,152 probabilities, session 43). cdf: a float64 workspace of the
+    same size."""
+    cdf = np.cumsum(probs, out=cdf)
+    total = cdf[-1]
+    if not (np.isfinite(total) and total > 0):
+        raise ValueError(f"cannot sample: the probabilities sum to {total} (non-finite logits from the model?)")
+    cdf /= total
+    return int(cdf.searchsorted(rng.random(), side="right"))
+
+
+class Sampler:
+    """Draws tokens with its own seeded generator, so a seed reproduces a whole generation; its float64 workspaces
+    are allocated once, at the first sampled token."""
+
+    def __init__(self, params: SamplingParams, rng: np.random.Generator | None = None):
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        self.rng = np.random.default_rng(params.seed) if rng is None else rng
+        self._probs: np.ndarray | None = None
+        self._cdf: np.ndarray | None = None
 
     def __call__(self, logits: np.ndarray) -> int:
         if self.params.greedy:
             return int(np.argmax(logits))
-        return self.draw(probabilities(logits, self.params))
+        return self.draw(self.probabilities(logits))
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """probabilities() in this sampler's workspace: valid until its next call."""
+        size = np.shape(logits)[-1]
+        if self._probs is None or self._probs.size != size:
+            self._probs, self._cdf = np.empty(size, np.float64), np.empty(size, np.float64)
+        return probabilities(logits, self.params, self._probs)
 
     def draw(self, probs: np.ndarray) -> int:
-        return int(self.rng.choice(probs.size, p=probs))
+        workspace = self._cdf if self._cdf is not None and self._cdf.size == probs.size else None
+        return draw(probs, self.rng, workspace)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edge.model import MASKED
-from edge.sampling import SamplingParams, probabilities
+from edge.sampling import Sampler, SamplingParams, probabilities
 from edge.speculative.drafter import ROOT, Draft
 from edge.speculative.verify import Verdict, accept_greedy, accept_sampled, residual, tree_inputs
 
@@ -87,18 +87,18 @@ def draft_deterministic_tree(prev):
     return Draft([int(second), int(first), int(np.argmax(DRAFT[first]))], [ROOT, ROOT, 1])
 
 
-def always_accept(draft, logits, params, rng):
+def always_accept(draft, logits, sampler):
     """A broken rule: keeps the whole first chain, then samples the target."""
     path = [0]
     while (kids := [i + 1 for i, p in enumerate(draft.parents) if p + 1 == path[-1]]):
         path.append(kids[0])
-    p = probabilities(logits[path[-1]], params)
-    return Verdict(path, [draft.tokens[i - 1] for i in path[1:]], int(rng.choice(V, p=p)))
+    return Verdict(path, [draft.tokens[i - 1] for i in path[1:]], sampler(logits[path[-1]]))
 
 
 def sample_pairs(accept, make_draft, n, seed):
     """The first two tokens after token 0, generated speculatively n times."""
     rng = np.random.default_rng(seed)
+    sampler = Sampler(PARAMS, rng)  # the drafts and the acceptance draw from one generator
     counts = np.zeros((V, V))
     for _ in range(n):
         out, root = [], 0
@@ -106,7 +106,7 @@ def sample_pairs(accept, make_draft, n, seed):
             draft = make_draft(root, rng)
             seq = [root] + draft.tokens
             logits = TARGET[seq]  # row i: the target after node i (each node's parent is its context here)
-            verdict = accept(draft, logits, PARAMS, rng)
+            verdict = accept(draft, logits, sampler)
             out += verdict.accepted + [verdict.next_token]
             root = verdict.next_token
         counts[out[0], out[1]] += 1

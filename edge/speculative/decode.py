@@ -280,7 +280,7 @@ class Speculator:
                 if params.greedy:
                     verdict = accept_greedy(draft, rows, margin if len(tokens) > 1 else 0.0, top)
                 else:
-                    verdict = accept_sampled(draft, rows, params, sampler.rng)
+                    verdict = accept_sampled(draft, rows, sampler)
                 path = verdict.path if verdict.next_token is not None else verdict.path[:-1]
                 self._score_shadows(after_root(tokens, draft, verdict, params.greedy))
                 produced = [tokens[j] for j in verdict.path[1:]] + [verdict.next_token]

@@ -16,7 +16,7 @@ from edge.errors import EdgeError
 from edge.model import Decoder
 from edge.package import Package
 from edge.prefix_store import common_prefix
-from edge.sampling import SamplingParams, probabilities
+from edge.sampling import SamplingParams, draw, probabilities
 from edge.speculative.drafter import Draft, Drafter
 
 
@@ -91,7 +91,7 @@ class DraftModel(Drafter):
                 token = int(np.argmax(logits))
             else:
                 rows.append(probabilities(logits, self.params))
-                token = int(self.rng.choice(rows[-1].size, p=rows[-1]))
+                token = draw(rows[-1], self.rng)
             tokens.append(token)
             if i + 1 < depth:
                 logits = self.decoder.step([token])[0]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edge.model import MASKED
-from edge.sampling import SamplingParams, probabilities
+from edge.sampling import Sampler
 from edge.speculative.drafter import ROOT, Draft
 
 
@@ -83,17 +83,18 @@ def top2_gap(row: np.ndarray) -> float:
     return float(abs(top[1] - top[0]))
 
 
-def accept_sampled(draft: Draft, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> Verdict:
+def accept_sampled(draft: Draft, logits: np.ndarray, sampler: Sampler) -> Verdict:
     """Speculative sampling: every emitted token follows the target's distribution p exactly.
 
     At each node the children are tried in turn: child c (drawn from q) is accepted with probability
     min(1, p(c)/q(c)); on rejection p becomes the normalised residual max(0, p - q) and the next child is tried;
     when none is left the token is drawn from the residual. A deterministic drafter's q is a point mass, so the
-    residual is p with the rejected token removed.
+    residual is p with the rejected token removed, done in the sampler's workspace: each node's p is computed
+    there, and a vocabulary-sized array allocated per row cost more than the row's softmax (session 43).
     """
-    kids, node, path = _children(draft), 0, [0]
+    kids, node, path, rng = _children(draft), 0, [0], sampler.rng
     while True:
-        p = probabilities(logits[node], params)
+        p = sampler.probabilities(logits[node])
         accepted = None
         for child in kids[node]:
             token = draft.tokens[child - 1]
@@ -102,19 +103,24 @@ def accept_sampled(draft: Draft, logits: np.ndarray, params: SamplingParams, rng
             if rng.random() * q_token < p[token]:  # probability min(1, p/q)
                 accepted = child
                 break
-            p = residual(p, token, q)
+            p = residual(p, token, q, in_place=q is None)
         if accepted is None:
-            return Verdict(path, [draft.tokens[i - 1] for i in path[1:]], int(rng.choice(p.size, p=p)))
+            return Verdict(path, [draft.tokens[i - 1] for i in path[1:]], sampler.draw(p))
         node = accepted
         path.append(node)
 
 
-def residual(p: np.ndarray, token: int, q: np.ndarray | None) -> np.ndarray:
-    """Normalised max(0, p - q): what the target still owes after the draft's token was rejected."""
+def residual(p: np.ndarray, token: int, q: np.ndarray | None, in_place: bool = False) -> np.ndarray:
+    """Normalised max(0, p - q): what the target still owes after the draft's token was rejected. in_place (point
+    masses only): written over p."""
     if q is None:
-        r = p.copy()
-        r[token] = 0.0
+        r = p if in_place else p.copy()
+        kept, r[token] = r[token], 0.0
     else:
         r = np.maximum(p - q, 0.0)
     total = r.sum()
-    return r / total if total > 0 else p  # total is 0 only by rounding when p == q: then p is still exact
+    if total > 0:
+        return np.divide(r, total, out=r)
+    if q is None:
+        r[token] = kept  # total is 0 only by rounding when p == q: then p is still exact
+    return p
