@@ -110,28 +110,44 @@ def nucleus(weights: np.ndarray, top_p: float) -> np.ndarray:
     return order[:int(np.searchsorted(np.cumsum(weights[order]), top_p)) + 1]
 
 
-def draw(probs: np.ndarray, rng: np.random.Generator, cdf: np.ndarray | None = None) -> int:
-    """One index drawn from `probs`: exactly what rng.choice(probs.size, p=probs) draws from the same generator state
-    (its cumulative sums, normalised by the last, searched for one uniform double), without its checks and
-    temporaries (rng.choice took ~0.35 ms over 49,152 probabilities, session 43). cdf: a float64 workspace of the
-    same size."""
-    cdf = np.cumsum(probs, out=cdf)
-    total = cdf[-1]
+BLOCK = 1024  # probabilities summed per block by draw()
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One index drawn from `probs` by inverting their running sum at one uniform double: the draw rng.choice(
+    probs.size, p=probs) makes from the same generator state, up to rounding where u falls within ~1e-16 of an
+    interval's edge (never onto a zero probability).
+
+    The running sum is found in two levels, blocks of BLOCK and then within the one block u falls in: rng.choice
+    validates p and takes the whole sequential running sum, ~0.35 ms over SmolLM2's 49,152 probabilities, and a
+    sequential np.cumsum alone ~0.2 ms (session 43)."""
+    blocks = np.add.reduceat(probs, np.arange(0, probs.size, BLOCK))
+    running = np.cumsum(blocks)
+    total = running[-1]
     if not (np.isfinite(total) and total > 0):
         raise ValueError(f"cannot sample: the probabilities sum to {total} (non-finite logits from the model?)")
-    cdf /= total
-    return int(cdf.searchsorted(rng.random(), side="right"))
+    target = rng.random() * total
+    b = min(int(np.searchsorted(running, target, side="right")), blocks.size - 1)
+    while blocks[b] <= 0:  # only past the end, by rounding: the last block with any mass
+        b -= 1
+    start = b * BLOCK
+    block = probs[start:start + BLOCK]
+    local = np.cumsum(block)
+    local += running[b - 1] if b else 0.0
+    i = int(np.searchsorted(local, target, side="right"))
+    if i == block.size:  # rounding again: the block's last token with any mass
+        i = int(np.flatnonzero(block)[-1])
+    return start + i
 
 
 class Sampler:
-    """Draws tokens with its own seeded generator, so a seed reproduces a whole generation; its float64 workspaces
-    are allocated once, at the first sampled token."""
+    """Draws tokens with its own seeded generator, so a seed reproduces a whole generation; its float64 workspace
+    is allocated once, at the first sampled token."""
 
     def __init__(self, params: SamplingParams, rng: np.random.Generator | None = None):
         self.params = params
         self.rng = np.random.default_rng(params.seed) if rng is None else rng
         self._probs: np.ndarray | None = None
-        self._cdf: np.ndarray | None = None
 
     def __call__(self, logits: np.ndarray) -> int:
         if self.params.greedy:
@@ -142,9 +158,8 @@ class Sampler:
         """probabilities() in this sampler's workspace: valid until its next call."""
         size = np.shape(logits)[-1]
         if self._probs is None or self._probs.size != size:
-            self._probs, self._cdf = np.empty(size, np.float64), np.empty(size, np.float64)
+            self._probs = np.empty(size, np.float64)
         return probabilities(logits, self.params, self._probs)
 
     def draw(self, probs: np.ndarray) -> int:
-        workspace = self._cdf if self._cdf is not None and self._cdf.size == probs.size else None
-        return draw(probs, self.rng, workspace)
+        return draw(probs, self.rng)

@@ -119,15 +119,29 @@ def test_top_k_breaks_ties_towards_lower_indices():
 
 def test_draw_is_generator_choice():
     rng = np.random.default_rng(9)
-    for size in (2, 50, 49152):
+    for size in (2, 50, 1024, 1025, 49152):
         p = rng.random(size) ** 8
         p[rng.integers(0, size, size // 2)] = 0.0
         p /= p.sum()
         a, b = np.random.default_rng(size), np.random.default_rng(size)
-        assert [draw(p, a) for _ in range(200)] == [int(b.choice(size, p=p)) for _ in range(200)]
+        assert [draw(p, a) for _ in range(500)] == [int(b.choice(size, p=p)) for _ in range(500)]
         assert a.random() == b.random()  # the generators are at the same point afterwards
     with pytest.raises(ValueError, match="non-finite"):
         draw(np.array([0.5, np.nan]), np.random.default_rng(0))
+
+
+def test_draw_never_picks_a_zero_probability():
+    rng = np.random.default_rng(4)
+    p = np.zeros(5000)
+    p[[0, 1023, 1024, 3071]] = [1e-300, 0.5, 0.25, 0.25]  # at blocks' edges; the last block has no mass at all
+    counts = np.bincount([draw(p, rng) for _ in range(4000)], minlength=p.size)
+    assert set(np.flatnonzero(counts)) <= {0, 1023, 1024, 3071}
+    np.testing.assert_allclose(counts[[1023, 1024, 3071]] / 4000, [0.5, 0.25, 0.25], atol=0.03)
+
+    class Top:  # a generator at the very top of its range: the running sums' rounding decides
+        def random(self):
+            return np.nextafter(1.0, 0.0)
+    assert draw(p, Top()) == 3071 and draw(np.array([0.3, 0.7, 0.0]), Top()) == 1
 
 
 def test_a_sampler_reuses_its_workspace():
