@@ -182,8 +182,9 @@ class Speculator:
 
         What this costs matters as much as the step: after a step has streamed the weights through the caches,
         every numpy call on a 49k-logit row takes tens of microseconds, and the top-k of one row ~0.2 ms (3% of an
-        int4 step; measured in the loop, 4x a warm micro-benchmark). So only the accepted path's rows, a chain's
-        as a view (a copy allocates afresh each step), and a learner switched off for losing sees every
+        int4 step; measured in the loop, 4x a warm micro-benchmark). So only the accepted path's rows, as views (a
+        copy allocates afresh each step, and a fresh allocation of that size is fresh pages to fault in: see
+        edge/sampling.py), and a learner switched off for losing sees every
         `QUIET_EVERY`-th step only: enough to keep its table fresh for its shadow guesses. One that needs only the
         tokens greedy decoding produced (`produced`, one per path node; None when sampling) sees every step.
         """
@@ -191,7 +192,7 @@ class Speculator:
         learners = [d for d in self.drafters if self._sees(d, produced is not None)]
         if not learners or not path:  # no path: a near-tie at the root, nothing decided to learn from
             return
-        seen = rows[:len(path)] if path[-1] == len(path) - 1 else rows[path]
+        seen = rows[:len(path)] if path[-1] == len(path) - 1 else [rows[i] for i in path]
         for d in learners:
             d.observe([tokens[i] for i in path], seen, produced)
 

@@ -7,6 +7,7 @@ tree attention mask. A chain is the tree where every node's parent is the node b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 import numpy as np
 
@@ -106,9 +107,10 @@ class Drafter:
         """Called once the target's cost curve is known (edge.speculative.adaptive.CostCurve: seconds of a verify
         call by its number of tokens), before any draft is sized: a tree drafter shapes its tree for it."""
 
-    def observe(self, tokens: list[int], logits: np.ndarray, produced: list[int] | None = None) -> None:
-        """See the target's logits for `tokens` (one row each) after a verify call, and under greedy decoding the
-        token it produced after each (`produced`, the argmax of each row; None: not given). Most drafters ignore it."""
+    def observe(self, tokens: list[int], logits: Sequence[np.ndarray], produced: list[int] | None = None) -> None:
+        """See the target's logits for `tokens` (one row each: an array, or a list of row views for a tree's path)
+        after a verify call, and under greedy decoding the token it produced after each (`produced`, the argmax of
+        each row; None: not given). Most drafters ignore it."""
 
     def observes_cheaply(self) -> bool:
         """Whether observe() needs only `produced`, not the logits (then it costs microseconds and is not throttled
