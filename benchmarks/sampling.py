@@ -7,10 +7,11 @@ A chat app or the OpenAI-compatible server samples (the server's temperature def
 sampler runs once a token over the whole vocabulary (49,152 logits), and a verify call of speculative sampling once
 a row. Settings: greedy, temperature 0.8 alone, with top-p 0.95, and with top-k 40 (llama.cpp's defaults are
 these three together, with min-p 0.05; every other llama.cpp sampler is off here). Prompts: three open questions,
-rendered by edge's chat template and tokenized by edge's tokenizer, so llama.cpp sees the same ids. Every run
+and a paragraph to rewrite twice (where speculation has something to copy), rendered by edge's chat template and
+tokenized by edge's tokenizer, so llama.cpp sees the same ids. Every run
 starts from an empty cache; systems, settings and prompts interleave run by run, so a noisy neighbour hits all
-alike. Reported: decode tok/s (median over prompts and reps), and each setting against the same system's greedy
-decoding in the same run (x greedy: what sampling costs it). llama-cpp-python is optional (see
+alike. Reported per group: decode tok/s (median over prompts and reps), and each setting against the same
+system's greedy decoding in the same run (x greedy: what sampling costs it). llama-cpp-python is optional (see
 benchmarks/llamacpp_lookup.py for its wheel); without it the llama.cpp column is left out.
 """
 
@@ -25,8 +26,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llamacpp_lookup import LlamaCpp, available, edge_encoder, machine, write_atomic  # noqa: E402
 
-PROMPTS = ("Write a short story about a lost cat.", "Explain how a refrigerator works, step by step.",
-           "Give me three tips for learning a new language.")
+PASSAGE = ("The Eiffel Tower was built between 1887 and 1889 as the entrance arch for the 1889 World's Fair in Paris. It "
+           "is 330 metres tall, was the tallest man-made structure in the world for 41 years, and is named after the "
+           "engineer Gustave Eiffel, whose company designed and built it.")
+# Open questions, where a drafter has little to copy, and a given paragraph rewritten, where prompt lookup has it all.
+PROMPTS = {"open": ("Write a short story about a lost cat.", "Explain how a refrigerator works, step by step.",
+                    "Give me three tips for learning a new language."),
+           "rewrite": (f"Rewrite this paragraph in a formal tone:\n{PASSAGE}",
+                       f"Rewrite this paragraph in simpler words:\n{PASSAGE}")}
 # edge's settings (GenerationConfig fields) and llama.cpp's names for the same ones
 SETTINGS = {
     "greedy": ({}, {}),
@@ -68,35 +75,40 @@ def llamacpp_system(threads: int):
 
 
 def measure(systems: dict, reps: int, new_tokens: int) -> dict:
-    """(system, setting) -> tok/s of every run."""
+    """(prompt group, system, setting) -> tok/s of every run."""
     speeds: dict = {}
     for rep in range(reps):
-        for i, prompt in enumerate(PROMPTS):
-            for setting, (ours, theirs) in SETTINGS.items():
-                for name, run in systems.items():
-                    settings = theirs if name == "llama.cpp" else ours
-                    speeds.setdefault((name, setting), []).append(run(prompt, settings, new_tokens, rep * 10 + i))
+        for group, prompts in PROMPTS.items():
+            for i, prompt in enumerate(prompts):
+                for setting, (ours, theirs) in SETTINGS.items():
+                    for name, run in systems.items():
+                        settings = theirs if name == "llama.cpp" else ours
+                        tps = run(prompt, settings, new_tokens, rep * 10 + i)
+                        speeds.setdefault((group, name, setting), []).append(tps)
     return speeds
 
 
 def report(speeds: dict, names: list[str], args, seconds: float, version: str | None) -> str:
     lines = [f"# Sampling's cost per decoded token (SmolLM2-135M-Instruct, {args.threads} threads, {args.tokens} new "
-             f"tokens, {args.reps} reps x {len(PROMPTS)} prompts)", "",
+             f"tokens, {args.reps} reps)", "",
              f"`python benchmarks/sampling.py --reps {args.reps} --tokens {args.tokens}` on {machine()}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {seconds:.0f} s"
-             + (f"; llama-cpp-python {version}" if version else "") + ". Median tok/s; x greedy: against the same "
-             "system's greedy decoding in this run.", ""]
-    header = "| setting | " + " | ".join(f"{n} tok/s | x greedy" for n in names)
-    if "llama.cpp" in names:
-        header += " | edge / llama.cpp | edge --draft auto / llama.cpp"
-    lines += [header + " |", "|---|" + "---|" * (2 * len(names) + (2 if "llama.cpp" in names else 0))]
+             + (f"; llama-cpp-python {version}" if version else "") + ". Median tok/s over the group's prompts and "
+             "the reps; x greedy: against the same system's greedy decoding of the same prompts in this run."]
     median = {key: statistics.median(values) for key, values in speeds.items()}
-    for setting in SETTINGS:
-        cells = [f"{median[(n, setting)]:.1f} | {median[(n, setting)] / median[(n, 'greedy')]:.2f}" for n in names]
+    for group, prompts in PROMPTS.items():
+        lines += ["", f"{group} ({len(prompts)} prompts):", ""]
+        header = "| setting | " + " | ".join(f"{n} tok/s | x greedy" for n in names)
         if "llama.cpp" in names:
-            cells += [f"{median[(n, setting)] / median[('llama.cpp', setting)]:.2f}"
-                      for n in ("edge", "edge --draft auto")]
-        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+            header += " | edge / llama.cpp | edge --draft auto / llama.cpp"
+        lines += [header + " |", "|---|" + "---|" * (2 * len(names) + (2 if "llama.cpp" in names else 0))]
+        for setting in SETTINGS:
+            cells = [f"{median[(group, n, setting)]:.1f} | "
+                     f"{median[(group, n, setting)] / median[(group, n, 'greedy')]:.2f}" for n in names]
+            if "llama.cpp" in names:
+                cells += [f"{median[(group, n, setting)] / median[(group, 'llama.cpp', setting)]:.2f}"
+                          for n in ("edge", "edge --draft auto")]
+            lines.append(f"| {setting} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
