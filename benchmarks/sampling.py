@@ -8,9 +8,8 @@ sampler runs once a token over the whole vocabulary (49,152 logits), and a verif
 a row. Settings: greedy, temperature 0.8 alone, with top-p 0.95, and with top-k 40 (llama.cpp's defaults are
 these three together, with min-p 0.05; every other llama.cpp sampler is off here). Prompts: three open questions,
 and a paragraph to rewrite twice (where speculation has something to copy), rendered by edge's chat template and
-tokenized by edge's tokenizer, so llama.cpp sees the same ids. Every run
-starts from an empty cache; systems, settings and prompts interleave run by run, so a noisy neighbour hits all
-alike. Reported per group: decode tok/s (median over prompts and reps), and each setting against the same
+tokenized by edge's tokenizer, so llama.cpp sees the same ids. Every run starts from an empty cache; systems,
+settings and prompts interleave run by run, so a noisy neighbour hits all alike. Reported per group: decode tok/s (median over prompts and reps), and each setting against the same
 system's greedy decoding in the same run (x greedy: what sampling costs it). llama-cpp-python is optional (see
 benchmarks/llamacpp_lookup.py for its wheel); without it the llama.cpp column is left out.
 """
@@ -44,7 +43,8 @@ SETTINGS = {
 
 
 def edge_systems(threads: int) -> dict:
-    """Plain decoding and `edge-run --draft auto` of the default package: name -> (engine, tok/s of one run)."""
+    """Plain decoding and `edge-run --draft auto` of the default package: name -> run(prompt, settings, new_tokens,
+    seed), one generation's tok/s."""
     from edge.default_model import default_package, default_quant
     from edge.engine import Engine
 
@@ -63,13 +63,14 @@ def edge_systems(threads: int) -> dict:
 
 
 def llamacpp_system(threads: int):
+    """llama.cpp's plain decoding of the default GGUF, as edge_systems' runs, and its version."""
     from edge.default_model import default_gguf
 
     encode, _, eos = edge_encoder()
     llm = LlamaCpp(Path(default_gguf()), threads=threads, eos=eos)
 
     def run(prompt: str, settings: dict, new_tokens: int, seed: int) -> float:
-        llm._plain.set_seed(seed)
+        llm._plain.set_seed(seed)  # the plain context's sampler: LlamaCpp.generate uses it without a drafter
         return llm.generate(encode([{"role": "user", "content": prompt}]), new_tokens, sampling=settings).tps
     return run, llm.version
 
