@@ -73,7 +73,7 @@ CURVES: dict = {}
 SELF_DRAFTS: dict = {}
 MEMORY: dict = {}
 CEILINGS: dict = {}  # (target, category) -> prompt lookup's ceiling per prompt (lookup_ceiling)
-PACE: dict = {}  # target -> the 8-token step's cost relative to the 1-token step, just before and just after the runs
+PACE: dict = {}  # target -> (1-token, 8-token step seconds), just before and just after the runs
 
 
 def skip_package(quant: str, threads: int):
@@ -253,12 +253,14 @@ def modelled_ratio(spec, curve) -> float:
 CONTROL = "plain (control)"
 
 
-def step_ratio(engine, rows: int = 8, steps: int = 30) -> float:
-    """What an 8-token step costs against a 1-token one now, at a 200-token past (medians of `steps` each).
+def step_times(engine, rows: int = 8, steps: int = 30) -> tuple[float, float]:
+    """Seconds of a 1-token and of an 8-token step now, at a 200-token past (medians of `steps` each).
 
     The host sometimes runs this VM's two vCPUs on one core's two hyper-threads: then a 2-thread 8-token step takes
     ~1.3x longer and a 1-token step no longer, for seconds to minutes (RESULTS.md, session 39), and every drafter's
-    x plain falls with it. Timed before and after the runs, this says which state a run met."""
+    x plain falls with it. The 1-token step's own pace moves too (3.0-4.3 ms in sessions 43-44, while the 8-token
+    step stayed at 6.2-6.7 ms outside those spells), and x plain moves against it, so the ratio alone cannot tell
+    the states apart. Timed before and after the runs, the two times say which state a run met."""
     import time
 
     engine.reset()
@@ -274,7 +276,7 @@ def step_ratio(engine, rows: int = 8, steps: int = 30) -> float:
             decoder.cache.trim(base)
         median[size] = statistics.median(times[3:])
     engine.reset()
-    return median[rows] / median[1]
+    return median[1], median[rows]
 
 
 def learned(speculators: dict) -> dict:
@@ -352,7 +354,7 @@ def bench_target(target, packages, args, rows, ties):
     curve = CostCurve.cached(engine.decoder, engine.threads)
     CURVES[target] = curve
     print(f"{target}: cost of a k-token step relative to 1 token: {curve.relative()}", file=sys.stderr)
-    PACE[target] = [step_ratio(engine)]
+    PACE[target] = [step_times(engine)]
     for category in args.categories:
         for index, turns in enumerate(CATEGORIES[category]):
             engine.speculator = None
@@ -383,7 +385,7 @@ def bench_target(target, packages, args, rows, ties):
                     ties.append((target, category, name, pos - prompt_len, gap))
                 print(f"{target} {category:20s} {name:24s} {tps:6.1f} tok/s x{rows[-1]['ratio']:.2f} "
                       f"same={same} {spec.summary() if spec else ''}", file=sys.stderr)
-    PACE[target].append(step_ratio(engine))
+    PACE[target].append(step_times(engine))
 
 
 INTERVAL = 0.90  # the central share of the bootstrap draws that a cell's interval spans
@@ -464,11 +466,14 @@ def table(rows, ties, args) -> str:
         lines.append(f"- {target}: " + ", ".join(f"S={s}: {r:.2f}x" for s, r in curve.relative().items())
                      + f" (multi-row vs 1-row logit deviation {curve.deviation:.2g})")
     if PACE:
-        lines += ["", "The machine during the run: an 8-token step against a 1-token step at a 200-token past, timed "
-                  "just before and just after the runs. Well above the curve's S=8, the host was running the two "
-                  "vCPUs on one core's hyper-threads, which slows multi-row verify calls and not plain decoding "
-                  "(benchmarks/RESULTS.md, session 39):", ""]
-        lines += [f"- {target}: {before:.2f}x before, {after:.2f}x after" for target, (before, after) in PACE.items()]
+        lines += ["", "The machine during the run: a 1-token and an 8-token step at a 200-token past, timed just before "
+                  "and just after the runs. An 8-token step well above 6.2-6.7 ms means the host was running the "
+                  "two vCPUs on one core's hyper-threads, which slows multi-row verify calls and not plain decoding "
+                  "(benchmarks/RESULTS.md, session 39). The 1-token step's pace moves on its own (3.0-4.3 ms in "
+                  "sessions 43-44), and every x plain moves against it: a slow one flatters them (session 44):", ""]
+        lines += [f"- {target}: " + ", ".join(f"{when} S=1 {one * 1e3:.2f} ms, S=8 {eight * 1e3:.2f} ms "
+                                             f"({eight / one:.2f}x)" for when, (one, eight) in zip(("before", "after"), pace))
+                  for target, pace in PACE.items()]
     if SELF_DRAFTS:
         lines += ["", "Skip-layer self-drafts (chosen at export by agreement with the target's greedy continuation of "
                   "calibration text; cost = share of the weights a draft step reads):", ""]
