@@ -113,7 +113,7 @@ template <int Q, class K, class T>
 void attend_rows(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, float* scratch) {
   const int64_t D = a.D, rows = s1 - s0, width = a.P + a.S;
   // 8 KB of keys or values: with the block's scores and the rows' queries it stays within a Zen 4's 32 KB L1 (16 KB
-  // blocks: a 1,500-token past's 1-token step 1.3-2.5% slower, its 2- to 9-token steps 1.4-4.8%, paired both ways
+  // blocks: a 1,500-token past's 1-token step 2.4-2.5% slower, its 2- to 9-token steps 1.4-4.8%, paired both ways
   // round, session 44; 4 KB: no faster than 8; at a 200-token past all three within 1.5%).
   const int64_t block = std::max<int64_t>(8, 2048 / D);
   thread_local std::vector<float> qbuf;
