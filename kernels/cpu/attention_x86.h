@@ -112,10 +112,11 @@ void score_keys(const float* const q[], const RowTask<T>& r, int64_t D, float sc
 template <int Q, class K, class T>
 void attend_rows(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, float* scratch) {
   const int64_t D = a.D, rows = s1 - s0, width = a.P + a.S;
-  // 8 KB of keys or values: with the block's scores and the rows' queries it stays within a Zen 4's 32 KB L1 (16 KB
-  // blocks: a 1,500-token past's 1-token step 2.4-2.5% slower, its 2- to 9-token steps 1.4-4.8%, paired both ways
-  // round, session 44; 4 KB: no faster than 8; at a 200-token past all three within 1.5%).
-  const int64_t block = std::max<int64_t>(8, 2048 / D);
+  // 8 KB of keys or values, and at least 16 keys. Measured on a Zen 4, paired both ways round at a 1,500-token past
+  // (session 44): SmolLM2 (64 dims) with 16 KB blocks took 2.4-2.5% longer for a 1-token step and 1.4-4.8% for 2-9
+  // tokens, with 4 KB no less than 8 KB; Gemma 3 (256 dims) with 8-key blocks took 1-6% longer for 2-9 tokens than
+  // with 16 (16 KB). At a 200-token past SmolLM2's sizes were all within 1.5%.
+  const int64_t block = std::max<int64_t>(16, 2048 / D);
   thread_local std::vector<float> qbuf;
   qbuf.resize(static_cast<size_t>(kMaxTaskRows * Q * D));
   TaskHeads<T> t[kMaxTaskRows];
