@@ -112,11 +112,13 @@ void score_keys(const float* const q[], const RowTask<T>& r, int64_t D, float sc
 template <int Q, class K, class T>
 void attend_rows(const AttentionArgs& a, int64_t s0, int64_t s1, int64_t h0, float* scratch) {
   const int64_t D = a.D, rows = s1 - s0, width = a.P + a.S;
-  // 8 KB of keys or values, and at least 16 keys. Measured on a Zen 4, paired both ways round at a 1,500-token past
-  // (session 44): SmolLM2 (64 dims) with 16 KB blocks took 2.4-2.5% longer for a 1-token step and 1.4-4.8% for 2-9
-  // tokens, with 4 KB no less than 8 KB; Gemma 3 (256 dims) with 8-key blocks took 1-6% longer for 2-9 tokens than
-  // with 16 (16 KB). At a 200-token past SmolLM2's sizes were all within 1.5%.
-  const int64_t block = std::max<int64_t>(16, 2048 / D);
+  // 8 KB of the cache's keys or values, and at least 16 keys. Measured on a Zen 4, paired both ways round at a
+  // 1,500-token past (session 44), against blocks of 16 KB of float32 (64 keys of 64 dims, 16 of 256):
+  // - SmolLM2's float32 cache (32 keys now): the 1-token step 2.4-2.5% faster, 2-9 tokens 1.4-4.8%; 16 keys no
+  //   faster than 32; at a 200-token past every size within 1.5%;
+  // - its float16 cache with 32 keys: the 1-token step 1.4-2.1% slower (so 64 keys, 8 KB of halves, as before);
+  // - Gemma 3 (256 dims) with 8 keys: 2-9 tokens 0-6% slower (so 16, as before).
+  const int64_t block = std::max<int64_t>(16, 8192 / (D * static_cast<int64_t>(sizeof(T))));
   thread_local std::vector<float> qbuf;
   qbuf.resize(static_cast<size_t>(kMaxTaskRows * Q * D));
   TaskHeads<T> t[kMaxTaskRows];
