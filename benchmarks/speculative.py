@@ -467,10 +467,12 @@ def table(rows, ties, args) -> str:
                      + f" (multi-row vs 1-row logit deviation {curve.deviation:.2g})")
     if PACE:
         lines += ["", "The machine during the run: a 1-token and an 8-token step at a 200-token past, timed just "
-                  "before and just after the runs. An 8-token step well above 6.2-6.7 ms means the host was running "
-                  "the two vCPUs on one core's hyper-threads, which slows multi-row verify calls and not plain "
-                  "decoding (benchmarks/RESULTS.md, session 39). The 1-token step's pace moves on its own (3.0-4.3 ms "
-                  "in sessions 43-44), and every x plain moves against it: a slow one flatters them (session 44):", ""]
+                  "before and just after the runs. An 8-token step well above its usual time (6.2-6.7 ms on the "
+                  "Zen 4 of sessions 31-44, 3.2-3.7 ms on the Zen 5 of session 45) means the host was slowing "
+                  "multi-row work, e.g. running the two vCPUs on one core's hyper-threads, which slows multi-row "
+                  "verify calls and not plain decoding (benchmarks/RESULTS.md, session 39). The 1-token step's pace "
+                  "moves on its own (3.0-4.3 ms in sessions 43-44), and every x plain moves against it: a slow one "
+                  "flatters them (session 44):", ""]
         for target, pace in PACE.items():
             times = [f"{when} S=1 {one * 1e3:.2f} ms, S=8 {eight * 1e3:.2f} ms ({eight / one:.2f}x)"
                      for when, (one, eight) in zip(("before", "after"), pace)]
