@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import onnx
 import pytest
@@ -106,3 +107,32 @@ def test_existing_output_needs_overwrite(package_dir):
     with pytest.raises(PackageError, match="--force"):
         with atomic_package_dir(package_dir):
             pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="names an fd through /proc")
+def test_manifest_is_written_after_every_file_is_on_disk(tmp_path, monkeypatch):
+    """write_manifest flushes each file (fsync) before the manifest names it: a crash cannot leave a manifest over
+    bytes still in the page cache, and a fresh export's pages are clean, so the kernels' copy of the weights can hand
+    onnxruntime's map back (benchmarks/RESULTS.md, memory, session 45)."""
+    import os
+
+    from edge.package import write_manifest
+
+    (tmp_path / "model.onnx").write_bytes(b"graph")
+    (tmp_path / "model.onnx.data").write_bytes(b"weights")
+    synced, order = set(), []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        synced.add(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        order.append((os.path.basename(dst), set(synced)))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    write_manifest(tmp_path, {"name": "t"})
+    assert order == [(MANIFEST, {"model.onnx", "model.onnx.data", f".{MANIFEST}.tmp"})]
+    assert set(json.loads((tmp_path / MANIFEST).read_text())["files"]) == {"model.onnx", "model.onnx.data"}
