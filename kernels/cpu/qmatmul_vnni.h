@@ -34,9 +34,9 @@ constexpr auto kHint = _MM_HINT_T1;
 
 // Float16 statistics (what edge's exports write) stream beside the codes, scales and mins a quarter of their bytes,
 // and the hardware prefetchers did not keep them coming. Asked for 64 groups ahead (entries of 8 halves, one group
-// of a tile; the codes are asked 8 KB ahead), the default model's whole step ran 2-5% faster at 1 to 16 rows (Zen
-// 5, `benchmarks/step_ab.py --paired` both ways round, session 45). One request per 64-byte line: call it every 4
-// groups. (With float32 statistics in the same function GCC's dead-code pass dropped every request.)
+// of a tile; the codes are asked 8 KB ahead), the default model's whole 1-token step ran 7-9% faster and its 8-token
+// step 3-4% (Zen 5, `benchmarks/step_ab.py --paired` both ways round, session 45). One request per 64-byte line:
+// call it every 4 groups. (With float32 statistics in the same function GCC's dead-code pass dropped every request.)
 constexpr int64_t kStatsAhead = 64 * 8;
 inline void prefetch_stats(const QMatMulArgs& a, int64_t at, int64_t stride) {
   const uint16_t* halves[2] = {a.scales_f16, a.mins_f16};
