@@ -81,6 +81,7 @@ void int8_tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0) {
   const int32_t* xd = a.xd + row.words;
   const int64_t unit_stride = B * 2, stat_stride = B;
   __m256 acc[R];
+#pragma GCC unroll 16  // see tile_rows in qmatmul_vnni.h: a memset here keeps acc in memory
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < a.G; ++g) {
     __m256 accg[R];

@@ -71,6 +71,8 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
   const int64_t unit_stride = kWhole ? R * 2 * D : row.unit_stride;
   const int64_t stat_stride = kWhole ? R : row.group_stride;
   F acc[R];
+  // Unrolled here, or GCC turns the loop into a memset and keeps acc[0] in memory, stored after every group.
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r] = V::zero();
   for (int64_t g = 0; g < a.G; ++g) {
     F accg[R];
@@ -122,19 +124,29 @@ void tile_rows(const QMatMulArgs& a, int64_t t, int64_t m0, bool pair) {
       acc[r] = V::fnmadd(sz, V::set1(a.xsum[mg]), acc[r]);
     }
   }
+  // Every index into acc is a constant below (pair decides before the loops start): a row index that depended on
+  // pair made GCC keep acc in memory as well, storing the R accumulators after every group of the loop above.
   alignas(64) float out[16 * V::kTiles];
-  int r = 0;
-  if constexpr (V::kTiles == 2) {
-    for (; pair && r + 2 <= R; r += 2) {
+  constexpr int kPairs = V::kTiles == 2 ? R / 2 * 2 : 0;  // rows finished two at a time when pair
+  if (pair) {
+#pragma GCC unroll 16
+    for (int r = 0; r < kPairs; r += 2) {
       V::store(out, acc[r]);
       V::store(out + 16, acc[r + 1]);
       finish_tile_pairs_avx512(a, m0 + r, t, out);
     }
+#pragma GCC unroll 16
+    for (int r = kPairs; r < R; ++r) {
+      V::store(out, acc[r]);
+      if (V::kTiles == 2) finish_tile_pair_avx2(a, m0 + r, t, out);
+      else finish_tile_row_avx2(a, m0 + r, t, out);
+    }
+    return;
   }
-  for (; r < R; ++r) {
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
     V::store(out, acc[r]);
-    if (V::kTiles == 2 && pair) finish_tile_pair_avx2(a, m0 + r, t, out);
-    else finish_tile_row_avx2(a, m0 + r, t, out);
+    finish_tile_row_avx2(a, m0 + r, t, out);
   }
 }
 
